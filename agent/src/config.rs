@@ -1,0 +1,290 @@
+//! The agent's TOML configuration: what runs (probes, exporters) and their settings. Flags set
+//! runtime knobs and override the file. Unknown keys are errors, so a typo is not silently
+//! ignored.
+
+use std::{net::SocketAddr, path::Path, time::Duration};
+
+use serde::{Deserialize, Serialize};
+
+/// The documented default configuration, shipped as `agent/slo-probe.toml`.
+pub const DEFAULT_TOML: &str = include_str!("../slo-probe.toml");
+
+/// Default tick, ms.
+pub const DEFAULT_TICK_MS: u64 = 1000;
+/// Default retention of exited threads and processes, s.
+pub const DEFAULT_RETENTION_S: u64 = 300;
+/// Default Prometheus listen address.
+pub const DEFAULT_PROMETHEUS_LISTEN: &str = "127.0.0.1:9617";
+/// Default outlier threshold, µs.
+pub const DEFAULT_OUTLIER_THRESHOLD_US: u64 = 10_000;
+/// Default capacity of the per-thread map.
+pub const DEFAULT_MAX_THREADS: u32 = 16_384;
+/// Default ring buffer size, KiB.
+pub const DEFAULT_RING_BUFFER_KIB: u32 = 256;
+
+/// Errors reading or validating a configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}")]
+    Read {
+        /// The path.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema.
+    #[error("invalid config file {path}: {source}")]
+    Parse {
+        /// The path.
+        path: String,
+        /// What TOML or serde said (line, column, key).
+        source: toml::de::Error,
+    },
+    /// A value is out of its range.
+    #[error("invalid config: {key} = {value}: {why}")]
+    Invalid {
+        /// The key, dotted.
+        key: &'static str,
+        /// The value given.
+        value: String,
+        /// The allowed range.
+        why: &'static str,
+    },
+}
+
+/// The whole configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// `[agent]`.
+    pub agent: AgentConfig,
+    /// `[prometheus]`.
+    pub prometheus: PrometheusConfig,
+    /// `[probes]`.
+    pub probes: ProbesConfig,
+}
+
+/// `[agent]`: the main loop.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// Read-and-publish period in ms. Default [`DEFAULT_TICK_MS`].
+    pub tick_ms: u64,
+    /// How long exited threads and processes stay exported, s. Default [`DEFAULT_RETENTION_S`].
+    pub retention_s: u64,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            tick_ms: DEFAULT_TICK_MS,
+            retention_s: DEFAULT_RETENTION_S,
+        }
+    }
+}
+
+/// `[prometheus]`: the embedded text endpoint.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrometheusConfig {
+    /// Serve `/metrics`. Default true.
+    pub enabled: bool,
+    /// Listen address. Default [`DEFAULT_PROMETHEUS_LISTEN`].
+    pub listen: SocketAddr,
+    /// Export per-thread histograms too. Default true.
+    pub per_thread: bool,
+}
+
+impl Default for PrometheusConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            listen: DEFAULT_PROMETHEUS_LISTEN
+                .parse()
+                .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 9617))),
+            per_thread: true,
+        }
+    }
+}
+
+/// `[probes]`: the eBPF probe families.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProbesConfig {
+    /// `[probes.runqueue]`.
+    pub runqueue: RunqueueConfig,
+}
+
+/// `[probes.runqueue]`: run-queue latency per thread.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunqueueConfig {
+    /// Attach the probe. Default true.
+    pub enabled: bool,
+    /// Outlier threshold, µs. Default [`DEFAULT_OUTLIER_THRESHOLD_US`].
+    pub outlier_threshold_us: u64,
+    /// Per-thread map capacity. Default [`DEFAULT_MAX_THREADS`].
+    pub max_threads: u32,
+    /// Outlier ring size, KiB. Default [`DEFAULT_RING_BUFFER_KIB`].
+    pub ring_buffer_kib: u32,
+}
+
+impl Default for RunqueueConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            outlier_threshold_us: DEFAULT_OUTLIER_THRESHOLD_US,
+            max_threads: DEFAULT_MAX_THREADS,
+            ring_buffer_kib: DEFAULT_RING_BUFFER_KIB,
+        }
+    }
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates TOML; `origin` names it in errors.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let config: Self = toml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: origin.to_owned(),
+            source,
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks ranges that the types do not.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, value: &dyn ToString, why| ConfigError::Invalid {
+            key,
+            value: value.to_string(),
+            why,
+        };
+        if !(100..=60_000).contains(&self.agent.tick_ms) {
+            return Err(invalid(
+                "agent.tick_ms",
+                &self.agent.tick_ms,
+                "must be 100..=60000 ms",
+            ));
+        }
+        let rq = &self.probes.runqueue;
+        if rq.max_threads == 0 || rq.max_threads > 1 << 22 {
+            return Err(invalid(
+                "probes.runqueue.max_threads",
+                &rq.max_threads,
+                "must be 1..=4194304",
+            ));
+        }
+        if !rq.ring_buffer_kib.is_power_of_two() || !(4..=1 << 20).contains(&rq.ring_buffer_kib) {
+            return Err(invalid(
+                "probes.runqueue.ring_buffer_kib",
+                &rq.ring_buffer_kib,
+                "must be a power of two from 4 to 1048576",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The tick period.
+    pub fn tick(&self) -> Duration {
+        Duration::from_millis(self.agent.tick_ms)
+    }
+
+    /// Retention in ticks (at least one).
+    pub fn retention_ticks(&self) -> u64 {
+        (self.agent.retention_s * 1000 / self.agent.tick_ms).max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_file_is_the_default() {
+        let parsed = Config::from_toml(DEFAULT_TOML, "slo-probe.toml").expect("shipped config");
+        assert_eq!(parsed, Config::default());
+    }
+
+    /// Every field of the schema appears in the shipped file, so that it documents all of them
+    /// (a new field without a line there fails here).
+    #[test]
+    fn shipped_file_lists_every_key() {
+        fn keys(prefix: &str, v: &toml::Value, out: &mut Vec<String>) {
+            if let toml::Value::Table(t) = v {
+                for (k, v) in t {
+                    let path = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    keys(&path, v, out);
+                    out.push(path);
+                }
+            }
+        }
+        let mut from_default = Vec::new();
+        keys(
+            "",
+            &toml::Value::try_from(Config::default()).expect("serialize"),
+            &mut from_default,
+        );
+        let mut from_file = Vec::new();
+        keys(
+            "",
+            &toml::from_str::<toml::Value>(DEFAULT_TOML).expect("toml"),
+            &mut from_file,
+        );
+        from_default.sort();
+        from_file.sort();
+        assert_eq!(from_default, from_file);
+    }
+
+    #[test]
+    fn unknown_key_is_an_error_naming_it() {
+        let err = Config::from_toml("[agent]\ntick_msec = 5\n", "x.toml").unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("tick_msec"), "{text}");
+        assert!(text.contains("x.toml"), "{text}");
+    }
+
+    #[test]
+    fn out_of_range_values_are_errors() {
+        for (toml, key) in [
+            ("[agent]\ntick_ms = 5\n", "agent.tick_ms"),
+            (
+                "[probes.runqueue]\nring_buffer_kib = 100\n",
+                "probes.runqueue.ring_buffer_kib",
+            ),
+            (
+                "[probes.runqueue]\nmax_threads = 0\n",
+                "probes.runqueue.max_threads",
+            ),
+        ] {
+            let err = Config::from_toml(toml, "x").unwrap_err().to_string();
+            assert!(err.contains(key), "{err}");
+        }
+    }
+
+    #[test]
+    fn wrong_type_is_an_error() {
+        let err = Config::from_toml("[prometheus]\nlisten = 9617\n", "x").unwrap_err();
+        assert!(err.to_string().contains("listen"), "{err}");
+    }
+
+    #[test]
+    fn partial_file_keeps_other_defaults() {
+        let c = Config::from_toml("[prometheus]\nlisten = \"127.0.0.1:1\"\n", "x").expect("ok");
+        assert_eq!(c.prometheus.listen.port(), 1);
+        assert_eq!(c.agent, AgentConfig::default());
+    }
+}

@@ -1,0 +1,2 @@
+//! Exporters: read the latest snapshot, never the sources.
+pub mod prometheus;

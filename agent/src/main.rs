@@ -1,0 +1,221 @@
+//! `slo-probe`: the command line. Parses arguments and wires the library's pieces together.
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    process::ExitCode,
+    sync::{atomic::AtomicBool, Arc},
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use slo_probe::{
+    collector::{self, Collector},
+    config::{Config, DEFAULT_TOML},
+    error_chain,
+    exporters::prometheus::PrometheusServer,
+    observe,
+    preflight::Preflight,
+};
+use slo_probe_core::snapshot::Snapshot;
+use tokio::sync::watch;
+
+/// slo-probe: SLO monitoring and attribution for GPU training nodes.
+///
+/// Measures what the Linux kernel does to a job's threads (eBPF) and exports it for Prometheus.
+/// Loading eBPF programs needs root, or CAP_BPF and CAP_PERFMON.
+#[derive(Parser)]
+#[command(version, about, long_about)]
+struct Cli {
+    /// Log level: error, warn, info, debug, trace (RUST_LOG overrides).
+    #[arg(long, global = true, default_value = "info")]
+    log_level: String,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the agent: attach the probes and serve Prometheus metrics until SIGINT or SIGTERM.
+    Agent {
+        /// TOML configuration file (see `slo-probe config print-default`).
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// Prometheus listen address (overrides prometheus.listen).
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// Do not load eBPF programs; serve what is available without them.
+        #[arg(long)]
+        no_ebpf: bool,
+    },
+    /// Run a command, observe its process tree for a while, and print what was measured.
+    Observe {
+        /// TOML configuration file.
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// How long to observe, in seconds (the command is stopped after this if still running).
+        #[arg(short, long, default_value_t = 5.0)]
+        duration: f64,
+        /// Rows of the per-thread table.
+        #[arg(long, default_value_t = 20)]
+        top: usize,
+        /// The command and its arguments (after `--`).
+        #[arg(required = true, last = true)]
+        command: Vec<String>,
+    },
+    /// Check what this machine allows (privileges, kernel BTF, tracefs); exit 1 if the eBPF
+    /// probes cannot load.
+    Check,
+    /// Configuration helpers.
+    Config {
+        #[command(subcommand)]
+        action: ConfigCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCmd {
+    /// Print the default configuration, with a comment on every key.
+    PrintDefault,
+    /// Validate a configuration file.
+    Check {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
+fn load_config(path: Option<&PathBuf>) -> anyhow::Result<Config> {
+    match path {
+        Some(p) => Ok(Config::from_file(p)?),
+        None => Ok(Config::default()),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(&cli.log_level))
+        .format_target(false)
+        .init();
+    match run(cli.command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("slo-probe: error: {}", error_chain(e.as_ref()));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
+    match cmd {
+        Cmd::Agent {
+            config,
+            listen,
+            no_ebpf,
+        } => {
+            let mut config = load_config(config.as_ref())?;
+            if let Some(l) = listen {
+                config.prometheus.listen = l;
+            }
+            agent(config, no_ebpf)
+        }
+        Cmd::Observe {
+            config,
+            duration,
+            top,
+            command,
+        } => {
+            let config = load_config(config.as_ref())?;
+            anyhow::ensure!(
+                duration.is_finite() && duration > 0.0,
+                "--duration must be a positive number of seconds"
+            );
+            let mut collector = Collector::new(&config, false)?;
+            let obs = observe::run(
+                &mut collector,
+                &command,
+                Duration::from_secs_f64(duration),
+                config.tick(),
+            )?;
+            print!("{}", observe::report(&obs, &command.join(" "), top));
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Check => {
+            let p = Preflight::run();
+            print!("{p}");
+            Ok(match p.blocker() {
+                None => {
+                    println!("the eBPF probes can load");
+                    ExitCode::SUCCESS
+                }
+                Some(f) => {
+                    println!("the eBPF probes cannot load: {}", f.what);
+                    ExitCode::FAILURE
+                }
+            })
+        }
+        Cmd::Config { action } => match action {
+            ConfigCmd::PrintDefault => {
+                print!("{DEFAULT_TOML}");
+                Ok(ExitCode::SUCCESS)
+            }
+            ConfigCmd::Check { path } => {
+                Config::from_file(&path)?;
+                println!("{}: ok", path.display());
+                Ok(ExitCode::SUCCESS)
+            }
+        },
+    }
+}
+
+fn agent(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
+    let collector = Collector::new(&config, no_ebpf)?;
+    if collector.ebpf_up() {
+        log::info!("run-queue probe attached");
+    } else {
+        log::warn!("running without eBPF probes: only self-metrics are served");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("slo-io")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let server = if config.prometheus.enabled {
+            let server =
+                PrometheusServer::bind(config.prometheus.listen, config.prometheus.per_thread)
+                    .await?;
+            log::info!(
+                "serving Prometheus metrics at http://{}/metrics",
+                server.local_addr()?
+            );
+            Some(tokio::spawn(server.serve(rx, shutdown_rx)))
+        } else {
+            None
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let handle = collector::spawn(collector, config.tick(), tx, stop.clone())
+            .context("cannot start the collector thread")?;
+
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => log::info!("SIGINT: stopping"),
+            _ = term.recv() => log::info!("SIGTERM: stopping"),
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = shutdown_tx.send(true);
+        if let Some(s) = server {
+            let _ = s.await;
+        }
+        let collector = tokio::task::spawn_blocking(move || handle.join())
+            .await
+            .context("collector thread")?
+            .map_err(|_| anyhow::anyhow!("the collector thread panicked"))?;
+        drop(collector); // detaches every eBPF program
+        log::info!("probes detached; bye");
+        Ok(ExitCode::SUCCESS)
+    })
+}

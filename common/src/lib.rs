@@ -1,0 +1,335 @@
+//! The record ABI shared by slo-probe's producers (eBPF programs, the CUPTI shim) and its consumer
+//! (the agent).
+//!
+//! Every record starts with a [`RecordHeader`] `{ kind, version, len }`, is `#[repr(C)]`, `Copy`,
+//! made only of fixed-width integers and byte arrays (so every bit pattern is a valid value), has
+//! explicit padding and a pinned size. Producers write records; the agent decodes untrusted bytes
+//! with [`decode`] / [`RecordIter`], which check the header against the length of the buffer and
+//! never read out of bounds or panic.
+//!
+//! Record kinds are grouped in ranges so that families can grow without renumbering:
+//!
+//! | range | family | defined today |
+//! |---|---|---|
+//! | `0x0001..=0x00ff` | host scheduling (eBPF) | [`RecordKind::RunqLatency`] |
+//! | `0x0100..=0x01ff` | host network (eBPF) | — (TCP retransmit, RTT sample) |
+//! | `0x0200..=0x02ff` | GPU activity (CUPTI shim) | — (kernel, graph, launch, memcpy) |
+//! | `0x0300..=0x03ff` | job markers (python client, shim) | — (step, op context) |
+//!
+//! No kernel, driver or CUDA requirement: this crate is `no_std` data definitions.
+#![no_std]
+#![deny(missing_docs)]
+
+use core::{fmt, mem::size_of};
+
+pub mod runq;
+
+pub use runq::{
+    log2_slot, RunqHist, RunqLatencyRecord, RUNQ_FLAG_PREEMPTED, RUNQ_HIST_EXITED, RUNQ_SLOTS,
+};
+
+/// Header at the start of every record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct RecordHeader {
+    /// One of [`RecordKind`] as a raw number (unknown numbers are rejected by [`decode`]).
+    pub kind: u16,
+    /// Layout version of that kind; bumped on any incompatible change.
+    pub version: u16,
+    /// Length of the whole record in bytes, header included.
+    pub len: u32,
+}
+const _: () = assert!(size_of::<RecordHeader>() == 8);
+
+impl RecordHeader {
+    /// The header a record of type `R` carries.
+    pub const fn of<R: Record>() -> Self {
+        Self {
+            kind: R::KIND as u16,
+            version: R::VERSION,
+            len: size_of::<R>() as u32,
+        }
+    }
+}
+
+/// The record kinds this build knows.
+#[repr(u16)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordKind {
+    /// [`RunqLatencyRecord`]: one run-queue wait above the outlier threshold.
+    RunqLatency = 0x0001,
+}
+
+impl RecordKind {
+    /// The kind for a raw header value, if this build knows it.
+    pub const fn from_raw(raw: u16) -> Option<Self> {
+        match raw {
+            0x0001 => Some(Self::RunqLatency),
+            _ => None,
+        }
+    }
+}
+
+/// A fixed-layout record type.
+///
+/// # Safety
+/// Implementors are `#[repr(C)]`, contain a [`RecordHeader`] as their first field, have no
+/// implicit padding, and consist only of integers and integer arrays, so that any byte pattern of
+/// `size_of::<Self>()` bytes is a valid value and every byte of a value is initialised.
+pub unsafe trait Record: Copy + 'static {
+    /// The kind written in the header.
+    const KIND: RecordKind;
+    /// The layout version written in the header.
+    const VERSION: u16;
+
+    /// The record's header.
+    fn header(&self) -> &RecordHeader;
+
+    /// The record's bytes, as producers write them.
+    fn as_bytes(&self) -> &[u8] {
+        // SAFETY: the trait contract guarantees no padding and fully initialised bytes.
+        unsafe {
+            core::slice::from_raw_parts((self as *const Self).cast::<u8>(), size_of::<Self>())
+        }
+    }
+}
+
+/// Why bytes could not be decoded as a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    /// Fewer bytes than the header, or than the header's `len`, are available.
+    Truncated {
+        /// Bytes needed.
+        need: usize,
+        /// Bytes available.
+        have: usize,
+    },
+    /// The header names a kind this build does not know.
+    UnknownKind {
+        /// The raw kind.
+        kind: u16,
+    },
+    /// The kind is known but its layout version is not the one this build reads.
+    WrongVersion {
+        /// The raw kind.
+        kind: u16,
+        /// The version in the header.
+        version: u16,
+        /// The version this build reads.
+        expected: u16,
+    },
+    /// The header's `len` is not the size of that kind's record.
+    WrongLength {
+        /// The raw kind.
+        kind: u16,
+        /// The length in the header.
+        len: u32,
+        /// The size of the record this build reads.
+        expected: u32,
+    },
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::Truncated { need, have } => {
+                write!(f, "truncated record: need {need} bytes, have {have}")
+            }
+            Self::UnknownKind { kind } => write!(f, "unknown record kind {kind:#06x}"),
+            Self::WrongVersion {
+                kind,
+                version,
+                expected,
+            } => write!(
+                f,
+                "record kind {kind:#06x} has version {version}, this build reads version \
+                 {expected}; upgrade the agent or the producer so that they match"
+            ),
+            Self::WrongLength {
+                kind,
+                len,
+                expected,
+            } => write!(
+                f,
+                "record kind {kind:#06x} declares {len} bytes, its layout has {expected}"
+            ),
+        }
+    }
+}
+
+impl core::error::Error for DecodeError {}
+
+/// A decoded record of any known kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AnyRecord {
+    /// See [`RunqLatencyRecord`].
+    RunqLatency(RunqLatencyRecord),
+}
+
+/// Reads the header at the start of `bytes`.
+pub fn decode_header(bytes: &[u8]) -> Result<RecordHeader, DecodeError> {
+    let need = size_of::<RecordHeader>();
+    match bytes.get(..need) {
+        Some(h) => Ok(RecordHeader {
+            kind: u16::from_ne_bytes([h[0], h[1]]),
+            version: u16::from_ne_bytes([h[2], h[3]]),
+            len: u32::from_ne_bytes([h[4], h[5], h[6], h[7]]),
+        }),
+        None => Err(DecodeError::Truncated {
+            need,
+            have: bytes.len(),
+        }),
+    }
+}
+
+/// Decodes one record of type `R` from the start of `bytes`, checking kind, version and length.
+/// Bytes after the record are ignored.
+pub fn decode_as<R: Record>(bytes: &[u8]) -> Result<R, DecodeError> {
+    let header = decode_header(bytes)?;
+    check_header::<R>(&header)?;
+    let need = size_of::<R>();
+    let body = bytes.get(..need).ok_or(DecodeError::Truncated {
+        need,
+        have: bytes.len(),
+    })?;
+    // SAFETY: `body` holds exactly size_of::<R>() bytes and the `Record` contract makes every byte
+    // pattern a valid `R`; read_unaligned copes with any alignment of the input buffer.
+    Ok(unsafe { core::ptr::read_unaligned(body.as_ptr().cast::<R>()) })
+}
+
+fn check_header<R: Record>(header: &RecordHeader) -> Result<(), DecodeError> {
+    if header.kind != R::KIND as u16 {
+        return Err(DecodeError::UnknownKind { kind: header.kind });
+    }
+    if header.version != R::VERSION {
+        return Err(DecodeError::WrongVersion {
+            kind: header.kind,
+            version: header.version,
+            expected: R::VERSION,
+        });
+    }
+    let expected = size_of::<R>() as u32;
+    if header.len != expected {
+        return Err(DecodeError::WrongLength {
+            kind: header.kind,
+            len: header.len,
+            expected,
+        });
+    }
+    Ok(())
+}
+
+/// Decodes the record at the start of `bytes`, returning it and the number of bytes it used.
+pub fn decode(bytes: &[u8]) -> Result<(AnyRecord, usize), DecodeError> {
+    let header = decode_header(bytes)?;
+    match RecordKind::from_raw(header.kind) {
+        Some(RecordKind::RunqLatency) => {
+            let r = decode_as::<RunqLatencyRecord>(bytes)?;
+            Ok((AnyRecord::RunqLatency(r), header.len as usize))
+        }
+        None => Err(DecodeError::UnknownKind { kind: header.kind }),
+    }
+}
+
+/// Iterates over records laid end to end in a buffer. After the first error it yields `None`:
+/// a corrupt length makes every later boundary a guess, so the rest of the buffer is dropped and
+/// its size reported by [`RecordIter::dropped_bytes`] (the consumer counts it under
+/// [`Counter::DecodeFailed`]).
+pub struct RecordIter<'a> {
+    rest: &'a [u8],
+    dropped: usize,
+}
+
+impl<'a> RecordIter<'a> {
+    /// Iterates over the records in `bytes`.
+    pub const fn new(bytes: &'a [u8]) -> Self {
+        Self {
+            rest: bytes,
+            dropped: 0,
+        }
+    }
+
+    /// Bytes given up after a decoding error (0 while every record decoded).
+    pub const fn dropped_bytes(&self) -> usize {
+        self.dropped
+    }
+}
+
+impl Iterator for RecordIter<'_> {
+    type Item = Result<AnyRecord, DecodeError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.rest.is_empty() {
+            return None;
+        }
+        match decode(self.rest) {
+            Ok((record, used)) => {
+                // `decode` checked that `used` bytes are present.
+                self.rest = self.rest.get(used..).unwrap_or_default();
+                Some(Ok(record))
+            }
+            Err(e) => {
+                self.dropped = self.rest.len();
+                self.rest = &[];
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+/// Drop and error counters, one slot each in the per-CPU `COUNTERS` map of the eBPF programs
+/// (and in the agent's own tallies for the userspace side). Exported as
+/// `slo_probe_events_dropped_total{reason}` / `slo_probe_errors_total{reason}`.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// An outlier could not be reserved in the ring buffer (userspace too slow): dropped.
+    RingbufFull = 0,
+    /// The per-thread histogram map was full: a run-queue sample was dropped.
+    ThreadMapFull = 1,
+    /// The enqueue-timestamp map was full: a wakeup was not tracked.
+    StartMapFull = 2,
+    /// A kernel memory read (`bpf_probe_read_kernel`) failed.
+    ProbeReadFailed = 3,
+    /// Outliers sent through the ring buffer (not an error; the denominator of the drop rate).
+    OutliersSent = 4,
+    /// Bytes that the agent could not decode as a record.
+    DecodeFailed = 5,
+}
+
+impl Counter {
+    /// Number of counters, the size of the `COUNTERS` map.
+    pub const COUNT: u32 = 6;
+    /// Every counter, in slot order.
+    pub const ALL: [Counter; Self::COUNT as usize] = [
+        Self::RingbufFull,
+        Self::ThreadMapFull,
+        Self::StartMapFull,
+        Self::ProbeReadFailed,
+        Self::OutliersSent,
+        Self::DecodeFailed,
+    ];
+
+    /// Stable snake_case name, used as a metric label.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::RingbufFull => "ringbuf_full",
+            Self::ThreadMapFull => "thread_map_full",
+            Self::StartMapFull => "start_map_full",
+            Self::ProbeReadFailed => "probe_read_failed",
+            Self::OutliersSent => "outliers_sent",
+            Self::DecodeFailed => "decode_failed",
+        }
+    }
+
+    /// Whether the counter counts lost data (a drop) rather than an error or a volume.
+    pub const fn is_drop(self) -> bool {
+        matches!(
+            self,
+            Self::RingbufFull | Self::ThreadMapFull | Self::StartMapFull
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,7 @@
+//! slo-probe's pure logic: aggregation of what the sources read, windows, the SLO tree and its
+//! decisions. No OS access (no aya, tokio, libc or NVML), so plain `cargo test` covers all of it
+//! with recorded or generated inputs.
+#![deny(missing_docs)]
+
+pub mod runq;
+pub mod snapshot;

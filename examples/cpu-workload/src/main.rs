@@ -1,0 +1,268 @@
+//! A real CPU workload shaped like a data-parallel training step, for machines without a GPU.
+//!
+//! Threads (named as `top -H` and the probes see them):
+//! - `train-main`: each step takes a batch, runs a forward and a backward matrix product, hands
+//!   the gradient to `grad-sync` and waits for the reduced gradient (the step boundary);
+//! - `loader-N`: produce batches (pseudo-random fill + normalisation) into a bounded queue, like
+//!   DataLoader workers;
+//! - `grad-sync`: sends each gradient over loopback TCP to `grad-peer` and returns the reply,
+//!   like a communication thread doing an all-reduce with another rank;
+//! - `grad-peer`: the other "rank": averages the gradient with its own and sends it back;
+//! - `metrics-log`: wakes every 10 ms to record step times, like a logging thread.
+//!
+//! With the defaults it keeps more threads runnable than a 2-core machine has cores, so the
+//! threads wait on run queues for real. Prints step-time statistics at the end.
+
+use std::{
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        mpsc, Arc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+const DIM: usize = 96;
+
+struct Args {
+    duration: Duration,
+    loaders: usize,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        duration: Duration::from_secs(10),
+        loaders: 3,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .ok_or_else(|| format!("{name} needs a value"))
+                .and_then(|v| v.parse::<f64>().map_err(|e| format!("{name} {v}: {e}")))
+        };
+        match a.as_str() {
+            "--duration" => args.duration = Duration::from_secs_f64(value("--duration")?),
+            "--loaders" => args.loaders = value("--loaders")? as usize,
+            "-h" | "--help" => {
+                println!(
+                    "usage: slo-probe-workload [--duration SECS (10)] [--loaders N (3)]\n\
+                     A training-shaped CPU workload: loader threads, a compute loop, a \
+                     loopback gradient exchange."
+                );
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other}; see --help")),
+        }
+    }
+    Ok(args)
+}
+
+/// Names the calling thread for the kernel (`comm`), where std's thread names do not reach
+/// (the main thread).
+fn name_this_thread(name: &str) {
+    let _ = std::fs::write("/proc/thread-self/comm", name);
+}
+
+fn spawn<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> thread::JoinHandle<T> {
+    let owned = name.to_owned();
+    thread::Builder::new()
+        .name(owned)
+        .spawn(f)
+        .unwrap_or_else(|e| panic!("cannot spawn thread {name}: {e}"))
+}
+
+/// xorshift64*, seeded per loader.
+struct Rng(u64);
+
+impl Rng {
+    fn next_f32(&mut self) -> f32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    }
+}
+
+fn make_batch(rng: &mut Rng) -> Vec<f32> {
+    let mut b: Vec<f32> = (0..DIM * DIM).map(|_| rng.next_f32()).collect();
+    let mean = b.iter().sum::<f32>() / b.len() as f32;
+    let var = b.iter().map(|x| (x - mean) * (x - mean)).sum::<f32>() / b.len() as f32;
+    let inv = 1.0 / (var.sqrt() + 1e-6);
+    b.iter_mut().for_each(|x| *x = (*x - mean) * inv);
+    b
+}
+
+fn matmul(a: &[f32], b: &[f32], out: &mut [f32]) {
+    out.iter_mut().for_each(|x| *x = 0.0);
+    for i in 0..DIM {
+        for k in 0..DIM {
+            let aik = a[i * DIM + k];
+            let row = &b[k * DIM..(k + 1) * DIM];
+            let o = &mut out[i * DIM..(i + 1) * DIM];
+            for (o, r) in o.iter_mut().zip(row) {
+                *o += aik * r;
+            }
+        }
+    }
+}
+
+fn as_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn from_bytes(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("slo-probe-workload: {e}");
+            std::process::exit(2);
+        }
+    };
+    name_this_thread("train-main");
+    let stop = Arc::new(AtomicBool::new(false));
+
+    // Loaders → bounded queue → main.
+    let (batch_tx, batch_rx) = mpsc::sync_channel::<Vec<f32>>(4);
+    let mut loaders = Vec::new();
+    for i in 0..args.loaders {
+        let tx = batch_tx.clone();
+        let stop = stop.clone();
+        loaders.push(spawn(&format!("loader-{i}"), move || {
+            let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1));
+            while !stop.load(Ordering::Relaxed) {
+                if tx.send(make_batch(&mut rng)).is_err() {
+                    break;
+                }
+            }
+        }));
+    }
+    drop(batch_tx);
+
+    // The other "rank": averages with its own gradient.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| {
+        eprintln!("slo-probe-workload: cannot listen on loopback: {e}");
+        std::process::exit(1);
+    });
+    let addr = listener
+        .local_addr()
+        .unwrap_or_else(|e| panic!("local_addr: {e}"));
+    let bytes_per_grad = DIM * DIM * 4;
+    let peer = spawn("grad-peer", move || {
+        let Ok((mut s, _)) = listener.accept() else {
+            return;
+        };
+        let _ = s.set_nodelay(true);
+        let own = vec![0.25f32; DIM * DIM];
+        let mut buf = vec![0u8; bytes_per_grad];
+        while s.read_exact(&mut buf).is_ok() {
+            let avg: Vec<f32> = from_bytes(&buf)
+                .iter()
+                .zip(&own)
+                .map(|(a, b)| (a + b) / 2.0)
+                .collect();
+            if s.write_all(&as_bytes(&avg)).is_err() {
+                break;
+            }
+        }
+    });
+
+    // Communication thread: main → grad-sync → TCP → grad-peer → back.
+    let (grad_tx, grad_rx) = mpsc::sync_channel::<Vec<f32>>(1);
+    let (reduced_tx, reduced_rx) = mpsc::sync_channel::<Vec<f32>>(1);
+    let sync = spawn("grad-sync", move || {
+        let Ok(mut s) = TcpStream::connect(addr) else {
+            return;
+        };
+        let _ = s.set_nodelay(true);
+        let mut buf = vec![0u8; bytes_per_grad];
+        for g in grad_rx {
+            if s.write_all(&as_bytes(&g)).is_err() || s.read_exact(&mut buf).is_err() {
+                break;
+            }
+            if reduced_tx.send(from_bytes(&buf)).is_err() {
+                break;
+            }
+        }
+    });
+
+    // Logger: wakes on a timer and reads the latest step time.
+    let last_step_us = Arc::new(AtomicU64::new(0));
+    let logger = {
+        let stop = stop.clone();
+        let last = last_step_us.clone();
+        spawn("metrics-log", move || {
+            let mut samples = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                thread::sleep(Duration::from_millis(10));
+                if last.load(Ordering::Relaxed) > 0 {
+                    samples += 1;
+                }
+            }
+            samples
+        })
+    };
+
+    let mut weights = vec![0.01f32; DIM * DIM];
+    let mut act = vec![0f32; DIM * DIM];
+    let mut grad = vec![0f32; DIM * DIM];
+    let mut step_times = Vec::new();
+    let start = Instant::now();
+    while start.elapsed() < args.duration {
+        let t0 = Instant::now();
+        let Ok(batch) = batch_rx.recv() else { break };
+        matmul(&batch, &weights, &mut act); // forward
+        matmul(&act, &batch, &mut grad); // backward
+        if grad_tx.send(std::mem::take(&mut grad)).is_err() {
+            break;
+        }
+        let Ok(reduced) = reduced_rx.recv() else {
+            break;
+        };
+        for (w, g) in weights.iter_mut().zip(&reduced) {
+            *w -= 1e-6 * g;
+        }
+        grad = reduced;
+        let dt = t0.elapsed();
+        last_step_us.store(dt.as_micros() as u64, Ordering::Relaxed);
+        step_times.push(dt);
+    }
+
+    stop.store(true, Ordering::Relaxed);
+    drop(grad_tx);
+    drop(batch_rx);
+    for l in loaders {
+        let _ = l.join();
+    }
+    let _ = sync.join();
+    let _ = peer.join();
+    let log_samples = logger.join().unwrap_or(0);
+
+    step_times.sort();
+    let n = step_times.len();
+    if n == 0 {
+        println!("slo-probe-workload: no step completed");
+        return;
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mean = step_times.iter().map(|d| ms(*d)).sum::<f64>() / n as f64;
+    println!(
+        "slo-probe-workload: {n} steps in {:.1} s; step time mean {mean:.2} ms, p50 {:.2} ms, \
+         p99 {:.2} ms, max {:.2} ms; {log_samples} log samples",
+        start.elapsed().as_secs_f64(),
+        ms(step_times[n / 2]),
+        ms(step_times[(n * 99 / 100).min(n - 1)]),
+        ms(step_times[n - 1]),
+    );
+}

@@ -1,0 +1,250 @@
+//! Helpers for slo-probe's integration tests: make kernel effects on purpose and measure them
+//! independently of the probes.
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    thread,
+    time::Duration,
+};
+
+/// Whether root-tier tests may skip when not privileged. Set `SLO_PROBE_REQUIRE_ROOT_TESTS=1`
+/// (scripts/test and CI do) to make a missing privilege a failure instead of a skip.
+pub fn root_or_skip(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var_os("SLO_PROBE_REQUIRE_ROOT_TESTS").is_some_and(|v| v == "1") {
+        panic!("{test}: root-tier test run without root, and SLO_PROBE_REQUIRE_ROOT_TESTS=1");
+    }
+    eprintln!("{test}: skipped: needs root (eBPF in the real kernel); run scripts/test as root");
+    false
+}
+
+/// Pins the calling thread to one CPU.
+pub fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET and sched_setaffinity get valid
+    // pointers.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        let rc = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        assert_eq!(rc, 0, "sched_setaffinity({cpu}) failed");
+    }
+}
+
+/// Number of CPUs this process may run on.
+pub fn online_cpus() -> usize {
+    thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// CLOCK_MONOTONIC, ns.
+pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// CPU time of the calling thread, ns.
+pub fn thread_cpu_ns() -> u64 {
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// Thread id of the caller.
+pub fn gettid() -> u32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() as u32 }
+}
+
+/// The kernel's own scheduler accounting for the calling thread
+/// (`/proc/thread-self/schedstat`, CONFIG_SCHED_INFO): time on CPU, time waiting on a run queue,
+/// and the number of times it got a CPU. Independent of the probes: it is kept by the scheduler
+/// core (`sched_info_enqueue`/`sched_info_arrive`), not by tracepoints.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SchedStat {
+    /// ns on CPU.
+    pub run_ns: u64,
+    /// ns runnable but waiting.
+    pub wait_ns: u64,
+    /// times it got a CPU.
+    pub slices: u64,
+}
+
+impl SchedStat {
+    /// Reads the calling thread's schedstat.
+    pub fn of_this_thread() -> Self {
+        let text = std::fs::read_to_string("/proc/thread-self/schedstat")
+            .expect("/proc/thread-self/schedstat (CONFIG_SCHED_INFO) is needed by this test");
+        let v: Vec<u64> = text
+            .split_whitespace()
+            .map(|x| x.parse().expect("schedstat field"))
+            .collect();
+        Self {
+            run_ns: v[0],
+            wait_ns: v[1],
+            slices: v[2],
+        }
+    }
+
+    /// `self - earlier`.
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            run_ns: self.run_ns - earlier.run_ns,
+            wait_ns: self.wait_ns - earlier.wait_ns,
+            slices: self.slices - earlier.slices,
+        }
+    }
+}
+
+/// Busy threads pinned to one CPU, until dropped.
+pub struct Hogs {
+    stop: Arc<AtomicBool>,
+    threads: Vec<thread::JoinHandle<()>>,
+}
+
+impl Hogs {
+    /// Starts `n` busy threads pinned to `cpu`.
+    pub fn start(n: usize, cpu: usize) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..n)
+            .map(|i| {
+                let stop = stop.clone();
+                thread::Builder::new()
+                    .name(format!("hog-{i}"))
+                    .spawn(move || {
+                        pin_to_cpu(cpu);
+                        while !stop.load(Ordering::Relaxed) {
+                            std::hint::spin_loop();
+                        }
+                    })
+                    .expect("spawn hog")
+            })
+            .collect();
+        Self { stop, threads }
+    }
+}
+
+impl Drop for Hogs {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// What a victim thread measured about itself.
+#[derive(Clone, Copy, Debug)]
+pub struct VictimReport {
+    /// Its thread id.
+    pub tid: u32,
+    /// Wall time of the measured window, ns.
+    pub wall_ns: u64,
+    /// Its CPU time in the window, ns.
+    pub cpu_ns: u64,
+    /// The kernel's schedstat over the window.
+    pub schedstat: SchedStat,
+    /// The kernel's schedstat over the thread's whole life, read at the end of the window.
+    pub life: SchedStat,
+}
+
+impl VictimReport {
+    /// Run-queue wait of a thread that never blocks: the part of the window it was not on a CPU.
+    pub fn off_cpu_ns(&self) -> u64 {
+        self.wall_ns.saturating_sub(self.cpu_ns)
+    }
+}
+
+/// How a victim behaves in its window.
+#[derive(Clone, Copy, Debug)]
+pub enum Behaviour {
+    /// Always runnable: every wait starts with a preemption.
+    Busy,
+    /// Sleeps `sleep` after every `work` of spinning: waits start with wakeups.
+    SleepWake {
+        /// Spin per cycle.
+        work: Duration,
+        /// Sleep per cycle.
+        sleep: Duration,
+    },
+}
+
+/// Runs a victim thread named `name`, pinned to `cpu`. `contend` is called once the victim has
+/// taken its baseline readings (start contention there, so that the victim's own start is not
+/// part of the measurement) and what it returns is dropped after the window.
+pub fn run_victim<G>(
+    name: &str,
+    cpu: usize,
+    window: Duration,
+    behaviour: Behaviour,
+    contend: impl FnOnce() -> G,
+) -> VictimReport {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let victim = thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            pin_to_cpu(cpu);
+            ready_tx.send(()).expect("ready");
+            go_rx.recv().expect("go");
+            let s0 = SchedStat::of_this_thread();
+            let c0 = thread_cpu_ns();
+            let w0 = monotonic_ns();
+            let end = w0 + window.as_nanos() as u64;
+            while monotonic_ns() < end {
+                match behaviour {
+                    Behaviour::Busy => std::hint::spin_loop(),
+                    Behaviour::SleepWake { work, sleep } => {
+                        let until = monotonic_ns() + work.as_nanos() as u64;
+                        while monotonic_ns() < until {
+                            std::hint::spin_loop();
+                        }
+                        thread::sleep(sleep);
+                    }
+                }
+            }
+            let w1 = monotonic_ns();
+            let c1 = thread_cpu_ns();
+            let s1 = SchedStat::of_this_thread();
+            VictimReport {
+                tid: gettid(),
+                wall_ns: w1 - w0,
+                cpu_ns: c1 - c0,
+                schedstat: s1.since(&s0),
+                life: s1,
+            }
+        })
+        .expect("spawn victim");
+    ready_rx.recv().expect("victim ready");
+    let guard = contend();
+    // Give the contenders a moment to be on the CPU before the window opens.
+    thread::sleep(Duration::from_millis(50));
+    go_tx.send(()).expect("go");
+    let report = victim.join().expect("victim thread");
+    drop(guard);
+    report
+}
+
+/// Whether `probe` agrees with `reference` within `rel` (fraction) plus `abs`.
+pub fn agrees(probe: u64, reference: u64, rel: f64, abs: u64) -> Result<(), String> {
+    let diff = probe.abs_diff(reference);
+    let allowed = (reference as f64 * rel) as u64 + abs;
+    if diff <= allowed {
+        Ok(())
+    } else {
+        Err(format!(
+            "probe {probe} vs reference {reference}: differ by {diff}, allowed {allowed}"
+        ))
+    }
+}
