@@ -228,7 +228,7 @@ pub fn report(obs: &Observation, command: &str, top: usize) -> String {
     );
     for t in threads.iter().take(top) {
         let name = if t.exited {
-            format!("{} (exited)", t.name)
+            format!("{}*", t.name)
         } else {
             t.name.clone()
         };
@@ -236,6 +236,9 @@ pub fn report(obs: &Observation, command: &str, top: usize) -> String {
     }
     if threads.len() > top {
         let _ = writeln!(out, "  ... {} more threads", threads.len() - top);
+    }
+    if threads.iter().any(|t| t.exited) {
+        let _ = writeln!(out, "  (* exited)");
     }
     let _ = writeln!(out);
     for p in runq.processes.iter().filter(|p| obs.pids.contains(&p.pid)) {

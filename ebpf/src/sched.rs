@@ -91,7 +91,7 @@ fn stamp(tid: u32, flags: u32) {
         flags,
         _pad: 0,
     };
-    if RUNQ_START.insert(&tid, &entry, 0).is_err() {
+    if RUNQ_START.insert(tid, entry, 0).is_err() {
         count(Counter::StartMapFull);
     }
 }
@@ -123,10 +123,10 @@ fn try_sched_switch(ctx: &BtfTracePointContext) {
         return;
     }
     // SAFETY: the value is copied out before the entry is removed.
-    let Some(start) = (unsafe { RUNQ_START.get(&tid) }).copied() else {
+    let Some(start) = (unsafe { RUNQ_START.get(tid) }).copied() else {
         return; // became runnable before we attached
     };
-    let _ = RUNQ_START.remove(&tid);
+    let _ = RUNQ_START.remove(tid);
     let now = unsafe { bpf_ktime_get_ns() };
     let delay = now.saturating_sub(start.ts_ns);
 
@@ -163,7 +163,7 @@ fn try_sched_switch(ctx: &BtfTracePointContext) {
 
 #[inline(always)]
 fn hist_for(tid: u32, tgid: u32, task: *const u8) -> Option<*mut RunqHist> {
-    if let Some(h) = RUNQ_HIST.get_ptr_mut(&tid) {
+    if let Some(h) = RUNQ_HIST.get_ptr_mut(tid) {
         return Some(h);
     }
     let scratch = HIST_SCRATCH.get_ptr_mut(0)?;
@@ -173,9 +173,9 @@ fn hist_for(tid: u32, tgid: u32, task: *const u8) -> Option<*mut RunqHist> {
         (*scratch).tgid = tgid;
         (*scratch).flags = 0;
         (*scratch).comm = task_comm(task);
-        let _ = RUNQ_HIST.insert(&tid, &*scratch, BPF_NOEXIST);
+        let _ = RUNQ_HIST.insert(tid, *scratch, BPF_NOEXIST);
     }
-    RUNQ_HIST.get_ptr_mut(&tid)
+    RUNQ_HIST.get_ptr_mut(tid)
 }
 
 #[inline(always)]
@@ -205,7 +205,7 @@ fn send_outlier(tid: u32, tgid: u32, task: *const u8, now: u64, delay: u64, flag
 #[btf_tracepoint(function = "sched_process_exit")]
 pub fn sched_process_exit(ctx: BtfTracePointContext) -> i32 {
     let tid = ctx.pid();
-    if let Some(h) = RUNQ_HIST.get_ptr_mut(&tid) {
+    if let Some(h) = RUNQ_HIST.get_ptr_mut(tid) {
         // SAFETY: pointer from a map lookup.
         unsafe {
             (*h).flags |= RUNQ_HIST_EXITED;
@@ -215,6 +215,6 @@ pub fn sched_process_exit(ctx: BtfTracePointContext) -> i32 {
             }
         }
     }
-    let _ = RUNQ_START.remove(&tid);
+    let _ = RUNQ_START.remove(tid);
     0
 }

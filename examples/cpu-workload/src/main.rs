@@ -29,12 +29,14 @@ const DIM: usize = 96;
 struct Args {
     duration: Duration,
     loaders: usize,
+    augment: usize,
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         duration: Duration::from_secs(10),
         loaders: 3,
+        augment: 128,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -46,9 +48,11 @@ fn parse_args() -> Result<Args, String> {
         match a.as_str() {
             "--duration" => args.duration = Duration::from_secs_f64(value("--duration")?),
             "--loaders" => args.loaders = value("--loaders")? as usize,
+            "--augment" => args.augment = value("--augment")? as usize,
             "-h" | "--help" => {
                 println!(
-                    "usage: slo-probe-workload [--duration SECS (10)] [--loaders N (3)]\n\
+                    "usage: slo-probe-workload [--duration SECS (10)] [--loaders N (3)] \
+                     [--augment PASSES (128)]\n\
                      A training-shaped CPU workload: loader threads, a compute loop, a \
                      loopback gradient exchange."
                 );
@@ -89,8 +93,25 @@ impl Rng {
     }
 }
 
-fn make_batch(rng: &mut Rng) -> Vec<f32> {
+/// A batch: random fill, `passes` of a 3x3 blur (the "augmentation", the CPU cost of a loader),
+/// then normalisation.
+fn make_batch(rng: &mut Rng, passes: usize) -> Vec<f32> {
     let mut b: Vec<f32> = (0..DIM * DIM).map(|_| rng.next_f32()).collect();
+    let mut tmp = vec![0f32; DIM * DIM];
+    for _ in 0..passes {
+        for y in 1..DIM - 1 {
+            for x in 1..DIM - 1 {
+                let mut acc = 0.0;
+                for dy in 0..3 {
+                    for dx in 0..3 {
+                        acc += b[(y + dy - 1) * DIM + x + dx - 1];
+                    }
+                }
+                tmp[y * DIM + x] = acc / 9.0;
+            }
+        }
+        std::mem::swap(&mut b, &mut tmp);
+    }
     let mean = b.iter().sum::<f32>() / b.len() as f32;
     let var = b.iter().map(|x| (x - mean) * (x - mean)).sum::<f32>() / b.len() as f32;
     let inv = 1.0 / (var.sqrt() + 1e-6);
@@ -139,10 +160,11 @@ fn main() {
     for i in 0..args.loaders {
         let tx = batch_tx.clone();
         let stop = stop.clone();
+        let passes = args.augment;
         loaders.push(spawn(&format!("loader-{i}"), move || {
             let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1));
             while !stop.load(Ordering::Relaxed) {
-                if tx.send(make_batch(&mut rng)).is_err() {
+                if tx.send(make_batch(&mut rng, passes)).is_err() {
                     break;
                 }
             }
