@@ -133,6 +133,7 @@ fn start_agent(mut cmd: Command) -> (Child, SocketAddr, mpsc::Receiver<String>) 
         seen.push(line);
     }
     let _ = child.kill();
+    let _ = child.wait();
     panic!("agent did not announce its address:\n{}", seen.join("\n"));
 }
 

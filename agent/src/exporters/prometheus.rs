@@ -344,8 +344,8 @@ mod tests {
             text.contains(&format!("{name}_bucket{{{labels},le=\"0.000001024\"}} 1")),
             "{text}"
         );
-        assert!(text.contains(&format!("{name}_bucket{{{labels},le=\"0.000002048\"}} 1")));
-        assert!(text.contains(&format!("{name}_bucket{{{labels},le=\"0.000004096\"}} 2")));
+        assert!(text.contains(&format!("{name}_bucket{{{labels},le=\"0.000002048\"}} 2")));
+        assert!(text.contains(&format!("{name}_bucket{{{labels},le=\"0.004194304\"}} 3")));
         assert!(text.contains(&format!("{name}_bucket{{{labels},le=\"+Inf\"}} 3")));
         assert!(text.contains(&format!("{name}_count{{{labels}}} 3")));
         assert!(text.contains(&format!("{name}_sum{{{labels}}} 0.0030025")));
