@@ -96,15 +96,6 @@ impl SchedStat {
             slices: v[2],
         }
     }
-
-    /// `self - earlier`.
-    pub fn since(&self, earlier: &Self) -> Self {
-        Self {
-            run_ns: self.run_ns - earlier.run_ns,
-            wait_ns: self.wait_ns - earlier.wait_ns,
-            slices: self.slices - earlier.slices,
-        }
-    }
 }
 
 /// Busy threads pinned to one CPU, until dropped.
@@ -153,8 +144,6 @@ pub struct VictimReport {
     pub wall_ns: u64,
     /// Its CPU time in the window, ns.
     pub cpu_ns: u64,
-    /// The kernel's schedstat over the window.
-    pub schedstat: SchedStat,
     /// The kernel's schedstat over the thread's whole life, read at the end of the window.
     pub life: SchedStat,
 }
@@ -198,7 +187,6 @@ pub fn run_victim<G>(
             pin_to_cpu(cpu);
             ready_tx.send(()).expect("ready");
             go_rx.recv().expect("go");
-            let s0 = SchedStat::of_this_thread();
             let c0 = thread_cpu_ns();
             let w0 = monotonic_ns();
             let end = w0 + window.as_nanos() as u64;
@@ -221,7 +209,6 @@ pub fn run_victim<G>(
                 tid: gettid(),
                 wall_ns: w1 - w0,
                 cpu_ns: c1 - c0,
-                schedstat: s1.since(&s0),
                 life: s1,
             }
         })

@@ -66,20 +66,15 @@ impl Collector {
                 },
             )
         };
-        Ok(Self::with_probe(sched, status, config.retention_ticks()))
-    }
-
-    /// A collector around an already loaded probe (or none).
-    pub fn with_probe(sched: Option<SchedProbe>, status: ProbeStatus, retention: u64) -> Self {
-        Self {
+        Ok(Self {
             sched,
             status,
-            table: RunqTable::new(retention),
+            table: RunqTable::new(config.retention_ticks()),
             outliers: OutlierLog::new(RECENT_OUTLIERS),
             decode_failed: 0,
             last_kernel_counters: [0; Counter::COUNT as usize],
             ticks: 0,
-        }
+        })
     }
 
     /// Whether the run-queue probe is attached.

@@ -107,7 +107,8 @@ pub struct SchedRead {
 
 /// The loaded and attached scheduling probes. Dropping it detaches every program.
 pub struct SchedProbe {
-    ebpf: Ebpf,
+    /// Owns the programs and their links: dropping it detaches them.
+    _ebpf: Ebpf,
     hist: HashMap<MapData, u32, RunqHist>,
     ring: RingBuf<MapData>,
     counters: PerCpuArray<MapData, u64>,
@@ -179,7 +180,7 @@ impl SchedProbe {
             source,
         })?;
         Ok(Self {
-            ebpf,
+            _ebpf: ebpf,
             hist,
             ring,
             counters,
@@ -231,11 +232,6 @@ impl SchedProbe {
             out.counters[c as usize] = per_cpu.iter().sum();
         }
         Ok(out)
-    }
-
-    /// Names of the programs loaded in the kernel (for status output).
-    pub fn program_names(&self) -> Vec<String> {
-        self.ebpf.programs().map(|(n, _)| n.to_owned()).collect()
     }
 }
 
