@@ -98,6 +98,22 @@ impl SchedStat {
     }
 }
 
+/// The kernel's (voluntary, involuntary) context-switch counts of the calling thread.
+pub fn ctxt_switches() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/thread-self/status").expect("status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("ctxt_switches field")
+    };
+    (
+        field("voluntary_ctxt_switches:"),
+        field("nonvoluntary_ctxt_switches:"),
+    )
+}
+
 /// Busy threads pinned to one CPU, until dropped.
 pub struct Hogs {
     stop: Arc<AtomicBool>,
@@ -146,6 +162,9 @@ pub struct VictimReport {
     pub cpu_ns: u64,
     /// The kernel's schedstat over the thread's whole life, read at the end of the window.
     pub life: SchedStat,
+    /// The kernel's (voluntary, involuntary) context-switch counts of the thread over its whole
+    /// life (`/proc/thread-self/status`), read at the end of the window.
+    pub ctxt: (u64, u64),
 }
 
 impl VictimReport {
@@ -205,11 +224,13 @@ pub fn run_victim<G>(
             let w1 = monotonic_ns();
             let c1 = thread_cpu_ns();
             let s1 = SchedStat::of_this_thread();
+            let ctxt = ctxt_switches();
             VictimReport {
                 tid: gettid(),
                 wall_ns: w1 - w0,
                 cpu_ns: c1 - c0,
                 life: s1,
+                ctxt,
             }
         })
         .expect("spawn victim");

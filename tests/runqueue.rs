@@ -24,8 +24,11 @@
 
 use std::{sync::Mutex, time::Duration};
 
-use slo_probe::sources::ebpf::{SchedProbe, SchedSettings, SCHED_PROGRAMS};
-use slo_probe_core::runq::RunqCounts;
+use slo_probe::sources::ebpf::{
+    EbpfSettings, Probes, Selection, NET_PROGRAMS, PROC_PROGRAMS, SCHED_PROGRAMS,
+};
+use slo_probe_common::ThreadStats;
+use slo_probe_core::threads::RunqCounts;
 use slo_probe_tests::{agrees, online_cpus, root_or_skip, run_victim, Behaviour, Hogs};
 
 /// The tests pin threads to CPUs and measure delay: they must not run at the same time.
@@ -33,36 +36,43 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 const WINDOW: Duration = Duration::from_millis(1500);
 
-fn settings() -> SchedSettings {
-    SchedSettings {
+fn settings() -> EbpfSettings {
+    EbpfSettings {
         outlier_threshold: Duration::from_millis(5),
-        max_threads: 16384,
-        ring_bytes: 256 * 1024,
+        net: false,
+        ..Default::default()
     }
 }
 
-fn probe_counts(probe: &mut SchedProbe, tid: u32) -> Option<RunqCounts> {
-    probe_read(probe, tid).0
+fn load() -> Probes {
+    Probes::load(&settings()).expect("load the probes")
 }
 
-/// The victim's histogram and the outlier records the ring held for it.
+fn probe_counts(probe: &mut Probes, tid: u32) -> Option<RunqCounts> {
+    probe_read(probe, tid).0.map(|s| runq(&s))
+}
+
+fn runq(s: &ThreadStats) -> RunqCounts {
+    slo_probe_core::threads::ThreadCounts::from_stats(s).runq
+}
+
+/// The victim's entry and the outlier records the ring held for it.
 fn probe_read(
-    probe: &mut SchedProbe,
+    probe: &mut Probes,
     tid: u32,
-) -> (Option<RunqCounts>, Vec<slo_probe_common::RunqLatencyRecord>) {
+) -> (
+    Option<ThreadStats>,
+    Vec<slo_probe_common::RunqLatencyRecord>,
+) {
     let read = probe.read().expect("read maps");
-    let counts = read
-        .threads
-        .iter()
-        .find(|t| t.tid == tid)
-        .map(|t| RunqCounts::from_hist(&t.hist));
+    let stats = read.threads.iter().find(|t| t.tid == tid).map(|t| t.stats);
     let outliers = read
-        .outliers
+        .records
         .iter()
-        .map(|b| slo_probe_common::decode_as(b).expect("well-formed outlier record"))
+        .filter_map(|b| slo_probe_common::decode_as(b).ok())
         .filter(|r: &slo_probe_common::RunqLatencyRecord| r.tid == tid)
         .collect();
-    (counts, outliers)
+    (stats, outliers)
 }
 
 fn ms(ns: u64) -> f64 {
@@ -75,12 +85,13 @@ fn contended_busy_thread_delay_matches_schedstat_and_off_cpu_time() {
     if !root_or_skip("contended_busy_thread") {
         return;
     }
-    let mut probe = SchedProbe::load(&settings()).expect("load the run-queue probe");
+    let mut probe = load();
     let report = run_victim("rq-victim", 0, WINDOW, Behaviour::Busy, || {
         Hogs::start(2, 0)
     });
-    let (counts, outliers) = probe_read(&mut probe, report.tid);
-    let counts = counts.expect("probe has no entry for the victim");
+    let (stats, outliers) = probe_read(&mut probe, report.tid);
+    let stats = stats.expect("probe has no entry for the victim");
+    let counts = runq(&stats);
     eprintln!(
         "contended busy victim: probe {:.1} ms in {} waits | schedstat {:.1} ms in {} slices | \
          wall-cpu {:.1} ms of a {:.0} ms window",
@@ -101,6 +112,24 @@ fn contended_busy_thread_delay_matches_schedstat_and_off_cpu_time() {
     agrees(counts.count, report.life.slices, 0.02, 3).expect("probe waits vs schedstat slices");
     agrees(counts.total_ns, report.off_cpu_ns(), 0.05, 20_000_000)
         .expect("probe total vs wall - cpu");
+    // Off CPU, a thread that never blocks is only ever preempted, and then waits on the run
+    // queue for exactly that long.
+    eprintln!(
+        "off-cpu: involuntary {:.1} ms in {} switches, voluntary {:.1} ms in {}",
+        ms(stats.offcpu_involuntary_ns),
+        stats.switches_involuntary,
+        ms(stats.offcpu_voluntary_ns),
+        stats.switches_voluntary
+    );
+    agrees(
+        stats.offcpu_involuntary_ns,
+        counts.total_ns,
+        0.01,
+        1_000_000,
+    )
+    .expect("involuntary off-cpu vs run-queue wait");
+    // Its only voluntary switches are before the window: waiting for the start signal.
+    assert!(stats.switches_voluntary <= 5, "{stats:?}");
     // Every wait of a thread that never blocks starts with a preemption.
     assert!(
         counts.preempted + 3 >= counts.count,
@@ -138,13 +167,16 @@ fn contended_sleeping_thread_delay_matches_schedstat() {
     if !root_or_skip("contended_sleeping_thread") {
         return;
     }
-    let mut probe = SchedProbe::load(&settings()).expect("load the run-queue probe");
+    let mut probe = load();
     let behaviour = Behaviour::SleepWake {
         work: Duration::from_micros(200),
         sleep: Duration::from_millis(1),
     };
     let report = run_victim("rq-sleeper", 0, WINDOW, behaviour, || Hogs::start(2, 0));
-    let counts = probe_counts(&mut probe, report.tid).expect("probe has no entry for the victim");
+    let stats = probe_read(&mut probe, report.tid)
+        .0
+        .expect("probe has no entry for the victim");
+    let counts = runq(&stats);
     eprintln!(
         "contended sleeping victim: probe {:.1} ms in {} waits ({} after preemption) | \
          schedstat {:.1} ms in {} slices",
@@ -163,6 +195,17 @@ fn contended_sleeping_thread_delay_matches_schedstat() {
     agrees(counts.count, report.life.slices, 0.02, 3).expect("probe waits vs schedstat slices");
     // Most of its waits start with a wakeup.
     assert!(counts.preempted * 2 < counts.count, "{counts:?}");
+    // Context switches against the kernel's own per-thread counters (read by the victim at the
+    // end of its window; a few more can follow before it exits).
+    let (vol, invol) = report.ctxt;
+    eprintln!(
+        "switches: probe {} voluntary / {} involuntary | kernel {vol} / {invol}",
+        stats.switches_voluntary, stats.switches_involuntary
+    );
+    agrees(stats.switches_voluntary, vol, 0.02, 3).expect("voluntary switches");
+    agrees(stats.switches_involuntary, invol, 0.02, 3).expect("involuntary switches");
+    // Voluntary off-CPU time covers the sleeps and the waits after them: at least the waits.
+    assert!(stats.offcpu_voluntary_ns > counts.total_ns, "{stats:?}");
 }
 
 #[test]
@@ -173,7 +216,7 @@ fn uncontended_thread_shows_little_delay() {
     }
     let cpus = online_cpus();
     assert!(cpus >= 2, "needs two CPUs to keep one free of contention");
-    let mut probe = SchedProbe::load(&settings()).expect("load the run-queue probe");
+    let mut probe = load();
     // Contention on CPU 0 only; the victim runs alone on the last CPU.
     let report = run_victim("rq-alone", cpus - 1, WINDOW, Behaviour::Busy, || {
         Hogs::start(2, 0)
@@ -212,26 +255,37 @@ fn checks_fail_when_the_probe_is_broken() {
     if !root_or_skip("checks_fail_when_the_probe_is_broken") {
         return;
     }
-    let without = |skip: &[&str]| -> Vec<&'static str> {
-        SCHED_PROGRAMS
-            .into_iter()
-            .filter(|p| !skip.contains(p))
-            .collect()
+    let without = |skip: &[&str]| -> Selection {
+        Selection {
+            only: Some(
+                SCHED_PROGRAMS
+                    .into_iter()
+                    .chain(PROC_PROGRAMS)
+                    .chain(NET_PROGRAMS.map(|(n, _, _)| n))
+                    .filter(|p| !skip.contains(p))
+                    .collect(),
+            ),
+        }
     };
 
-    let mut probe = SchedProbe::load_programs(&settings(), &without(&["sched_switch"]))
+    let mut probe = Probes::load_selected(&settings(), &without(&["sched_switch"]))
         .expect("load without sched_switch");
     let report = run_victim("rq-broken1", 0, WINDOW / 2, Behaviour::Busy, || {
         Hogs::start(2, 0)
     });
+    let counts = probe_counts(&mut probe, report.tid).unwrap_or_default();
+    assert_eq!(
+        counts.count, 0,
+        "without sched_switch no wait can be measured"
+    );
     assert!(
-        probe_counts(&mut probe, report.tid).is_none(),
-        "without sched_switch the victim must have no entry"
+        agrees(counts.total_ns, report.life.wait_ns, 0.02, 8_000_000).is_err(),
+        "the agreement check passed with sched_switch detached"
     );
     drop(probe);
 
     let mut probe =
-        SchedProbe::load_programs(&settings(), &without(&["sched_wakeup", "sched_wakeup_new"]))
+        Probes::load_selected(&settings(), &without(&["sched_wakeup", "sched_wakeup_new"]))
             .expect("load without wakeups");
     let behaviour = Behaviour::SleepWake {
         work: Duration::from_micros(200),

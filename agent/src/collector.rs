@@ -1,8 +1,10 @@
 //! The collection loop: on each tick, read the sources, fold what they returned into the core's
-//! tables and publish one immutable [`Snapshot`]. Runs on its own thread so that map reads (a
-//! syscall per entry) never stall the async runtime that serves exporters.
+//! tables and publish one immutable [`Snapshot`]. Runs on its own thread so that map and file
+//! reads never stall the async runtime that serves exporters.
 
 use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -13,115 +15,289 @@ use std::{
 
 use slo_probe_common::{decode, AnyRecord, Counter};
 use slo_probe_core::{
-    runq::RunqTable,
+    net::ConnTable,
+    proctree::ProcessTree,
+    roles::{Role, RoleRules},
     snapshot::{AgentStats, OutlierLog, ProbeStatus, Snapshot},
+    threads::ThreadTable,
 };
 use tokio::sync::watch;
 
 use crate::{
     config::Config,
-    sources::ebpf::{EbpfError, SchedProbe, SchedSettings},
+    sources::{
+        cgroup::{self, CgroupMounts},
+        ebpf::{EbpfError, EbpfSettings, Probes},
+        procfs,
+    },
 };
 
 /// How many recent outliers a snapshot carries.
 const RECENT_OUTLIERS: usize = 64;
+/// Ticks between rescans of target cgroups and clean-ups of the kernel's process set.
+const RESCAN_TICKS: u64 = 5;
 
 /// Reads the sources and builds snapshots.
 pub struct Collector {
-    sched: Option<SchedProbe>,
-    status: ProbeStatus,
-    table: RunqTable,
+    probes: Option<Probes>,
+    /// Why the eBPF families are down when `probes` is `None`.
+    down_reason: String,
+    tree: ProcessTree,
+    threads: ThreadTable,
+    conns: ConnTable,
     outliers: OutlierLog,
+    rules: RoleRules,
+    cgroups: Option<CgroupMounts>,
+    /// cgroup membership of the processes in scope, read once per process.
+    cgroup_members: BTreeMap<u32, Vec<procfs::CgroupLine>>,
+    target_cgroups: Vec<String>,
     decode_failed: u64,
-    last_kernel_counters: [u64; Counter::COUNT as usize],
+    last_counters: [u64; Counter::COUNT as usize],
     ticks: u64,
+    retention_ticks: u64,
 }
 
 impl Collector {
-    /// Loads the probes the config enables. With `no_ebpf`, or the run-queue probe disabled in
-    /// the config, nothing is loaded and the snapshot says why. A probe that is enabled but
-    /// cannot load is an error: the caller decides whether to stop or go on without it.
-    pub fn new(config: &Config, no_ebpf: bool) -> Result<Self, EbpfError> {
+    /// Loads the probes the config enables, following the job `config.target` names, or the
+    /// whole node unless `job_only` (then only roots added later with [`Collector::add_root`]
+    /// are followed). With `no_ebpf`, or the scheduling probes disabled in the config, no eBPF
+    /// is loaded and the snapshot says why. Probes that are enabled but cannot load are an error.
+    pub fn new(config: &Config, no_ebpf: bool, job_only: bool) -> Result<Self, EbpfError> {
         let rq = &config.probes.runqueue;
-        let (sched, status) = if no_ebpf {
-            (None, down("disabled by --no-ebpf"))
+        let mut roots: BTreeSet<u32> = config.target.pids.iter().copied().collect();
+        let mounts = CgroupMounts::detect();
+        roots.extend(cgroup_pids(&mounts, &config.target.cgroups));
+        let targets =
+            (job_only || config.target.is_set()).then(|| roots.iter().copied().collect::<Vec<_>>());
+        let (probes, down_reason) = if no_ebpf {
+            (None, "disabled by --no-ebpf".to_owned())
         } else if !rq.enabled {
             (
                 None,
-                down("disabled in config (probes.runqueue.enabled = false)"),
+                "disabled in config (probes.runqueue.enabled = false)".to_owned(),
             )
         } else {
-            let settings = SchedSettings {
+            let settings = EbpfSettings {
                 outlier_threshold: Duration::from_micros(rq.outlier_threshold_us),
                 max_threads: rq.max_threads,
                 ring_bytes: rq.ring_buffer_kib * 1024,
+                net: config.probes.tcp.enabled,
+                max_conns: config.probes.tcp.max_connections,
+                targets,
             };
-            let probe = SchedProbe::load(&settings)?;
-            (
-                Some(probe),
-                ProbeStatus {
-                    name: "runqueue",
-                    up: true,
-                    reason: String::new(),
-                },
-            )
+            (Some(Probes::load(&settings)?), String::new())
         };
-        Ok(Self {
-            sched,
-            status,
-            table: RunqTable::new(config.retention_ticks()),
+        let mut tree = ProcessTree::new();
+        tree.set_roots(roots.iter().copied());
+        let mut c = Self {
+            probes,
+            down_reason,
+            tree,
+            threads: ThreadTable::new(config.retention_ticks()),
+            conns: ConnTable::new(config.retention_ticks(), config.prometheus.max_connections),
             outliers: OutlierLog::new(RECENT_OUTLIERS),
+            rules: config.roles.rules(),
+            cgroups: config.probes.cgroup.enabled.then_some(mounts),
+            cgroup_members: BTreeMap::new(),
+            target_cgroups: config.target.cgroups.clone(),
             decode_failed: 0,
-            last_kernel_counters: [0; Counter::COUNT as usize],
+            last_counters: [0; Counter::COUNT as usize],
             ticks: 0,
-        })
+            retention_ticks: config.retention_ticks(),
+        };
+        c.scan_processes();
+        Ok(c)
     }
 
-    /// Whether the run-queue probe is attached.
+    /// Whether the eBPF probes are loaded.
     pub fn ebpf_up(&self) -> bool {
-        self.sched.is_some()
+        self.probes.is_some()
+    }
+
+    /// Adds a root process to the job while running (`observe` uses it for the command it
+    /// starts). In whole-node mode this only marks the process as a root for role purposes.
+    pub fn add_root(&mut self, pid: u32) -> Result<(), EbpfError> {
+        let mut roots = self.tree.roots().clone();
+        roots.insert(pid);
+        self.tree.set_roots(roots);
+        if let Some(p) = self.probes.as_mut() {
+            if p.filtered() {
+                let mut pids = BTreeSet::from([pid]);
+                procfs::add_descendants(&mut pids);
+                p.track(pids)?;
+            }
+        }
+        self.scan_processes();
+        Ok(())
+    }
+
+    /// Records what `/proc` says about the job's processes (names, parents), and puts the
+    /// descendants that the kernel's fork following missed into its process set.
+    fn scan_processes(&mut self) {
+        let all = procfs::scan();
+        for p in &all {
+            self.tree.observe(p.pid, p.ppid, &p.name);
+        }
+        self.tree.mark_missing(&all.iter().map(|p| p.pid).collect());
+        if let Some(probes) = self.probes.as_mut().filter(|p| p.filtered()) {
+            let job = self.tree.job_pids();
+            if let Err(e) = probes.track(job) {
+                log::warn!("{}", crate::error_chain(&e));
+            }
+        }
     }
 
     /// Reads every source once and returns the snapshot.
     pub fn tick(&mut self) -> Snapshot {
         self.ticks += 1;
         let now = monotonic_ns();
-        let mut runq = None;
-        if let Some(probe) = self.sched.as_mut() {
-            match probe.read() {
-                Ok(read) => {
-                    for bytes in &read.outliers {
-                        match decode(bytes) {
-                            Ok((AnyRecord::RunqLatency(r), _)) => self.outliers.push(&r),
-                            Err(e) => {
-                                self.decode_failed += 1;
-                                log::warn!("dropped a malformed outlier record: {e}");
-                            }
-                        }
-                    }
-                    self.last_kernel_counters = read.counters;
-                    runq = Some(self.table.apply(now, &read.threads));
-                }
-                Err(e) => {
-                    // Keep the agent up and say why the numbers stopped moving.
-                    log::warn!("{}", crate::error_chain(&e));
-                    self.status.up = false;
-                    self.status.reason = e.to_string();
+        let rescan = self.ticks % RESCAN_TICKS == 0;
+        if rescan && !self.target_cgroups.is_empty() {
+            if let Some(m) = &self.cgroups {
+                let pids = cgroup_pids(m, &self.target_cgroups);
+                let mut roots = self.tree.roots().clone();
+                if pids.iter().any(|p| roots.insert(*p)) {
+                    self.tree.set_roots(roots);
                 }
             }
         }
-        let mut counters = self.last_kernel_counters;
+
+        let mut statuses: Vec<ProbeStatus> = Vec::new();
+        let mut threads = None;
+        let mut net = None;
+        let mut conn_reads = Vec::new();
+        let mut thread_reads = Vec::new();
+        let mut ebpf_ok = false;
+        if let Some(probes) = self.probes.as_mut() {
+            statuses.extend(probes.statuses().iter().cloned());
+            match probes.read() {
+                Ok(read) => {
+                    ebpf_ok = true;
+                    for bytes in &read.records {
+                        match decode(bytes) {
+                            Ok((AnyRecord::RunqLatency(r), _)) => self.outliers.push(&r),
+                            Ok((AnyRecord::ProcessEvent(e), _)) => self.tree.apply_event(&e),
+                            Ok((AnyRecord::TcpRetransmit(r), _)) => self.conns.push_record(&r),
+                            Err(e) => {
+                                self.decode_failed += 1;
+                                log::warn!("dropped a malformed record: {e}");
+                            }
+                        }
+                    }
+                    let lost_events = read.counters[Counter::EventRingFull as usize]
+                        > self.last_counters[Counter::EventRingFull as usize];
+                    let proc_down = statuses.iter().any(|s| s.name == "process" && !s.up);
+                    self.last_counters = read.counters;
+                    thread_reads = read.threads;
+                    conn_reads = read.conns;
+                    if rescan || lost_events || proc_down {
+                        self.scan_processes();
+                    }
+                }
+                Err(e) => {
+                    // Keep the agent up and say why the numbers stopped moving.
+                    let reason = crate::error_chain(&e);
+                    log::warn!("{reason}");
+                    for s in statuses.iter_mut() {
+                        s.up = false;
+                        s.reason.clone_from(&reason);
+                    }
+                }
+            }
+        } else {
+            for name in ["runqueue", "process", "tcp"] {
+                statuses.push(ProbeStatus {
+                    name,
+                    up: false,
+                    reason: self.down_reason.clone(),
+                });
+            }
+        }
+        self.tree.tick(self.retention_ticks);
+
+        if ebpf_ok {
+            let snap = self
+                .threads
+                .apply(now, &thread_reads, &self.tree, &self.rules);
+            if self
+                .probes
+                .as_ref()
+                .is_some_and(|p| p.statuses().iter().any(|s| s.name == "tcp" && s.up))
+            {
+                let tree = &self.tree;
+                net = Some(
+                    self.conns
+                        .apply(&conn_reads, Some(&snap), |pid| tree.in_job(pid)),
+                );
+                self.conns.prune(|pid| snap.process(pid).is_some());
+            }
+            if rescan {
+                self.untrack_gone();
+            }
+            threads = Some(snap);
+        }
+
+        let mut cgroups = Vec::new();
+        let mut pressure = Vec::new();
+        if let Some(m) = &self.cgroups {
+            let mut roles: BTreeMap<u32, BTreeSet<Role>> = BTreeMap::new();
+            let pids: BTreeSet<u32> = match &threads {
+                Some(t) => {
+                    for g in &t.groups {
+                        roles.entry(g.pid).or_default().insert(g.role);
+                    }
+                    t.processes.iter().map(|p| p.pid).collect()
+                }
+                None => self.tree.job_pids(),
+            };
+            self.cgroup_members.retain(|pid, _| pids.contains(pid));
+            for pid in pids {
+                if let std::collections::btree_map::Entry::Vacant(e) =
+                    self.cgroup_members.entry(pid)
+                {
+                    let lines = procfs::cgroups(pid);
+                    if !lines.is_empty() {
+                        e.insert(lines);
+                    }
+                }
+            }
+            cgroups = m.read(&self.cgroup_members, &roles);
+            pressure = cgroup::system_pressure();
+            statuses.push(ProbeStatus {
+                name: "cgroup",
+                up: m.v1_cpu.is_some() || m.v2.is_some(),
+                reason: if m.v1_cpu.is_some() || m.v2.is_some() {
+                    String::new()
+                } else {
+                    "no cgroup v1 cpu or v2 hierarchy mounted".to_owned()
+                },
+            });
+            statuses.push(ProbeStatus {
+                name: "pressure",
+                up: !pressure.is_empty(),
+                reason: if pressure.is_empty() {
+                    "no /proc/pressure: the kernel lacks CONFIG_PSI or boots with psi=0".to_owned()
+                } else {
+                    String::new()
+                },
+            });
+        }
+
+        let mut counters = self.last_counters;
         counters[Counter::DecodeFailed as usize] += self.decode_failed;
-        let outliers = match &runq {
-            Some(r) => self.outliers.snapshot(|pid| r.process(pid).is_some()),
+        let outliers = match &threads {
+            Some(t) => self.outliers.snapshot(|pid| t.process(pid).is_some()),
             None => self.outliers.snapshot(|_| true),
         };
         Snapshot {
             taken_at_ns: now,
-            runq,
+            threads,
             outliers,
+            net,
+            cgroups,
+            pressure,
             counters,
-            probes: vec![self.status.clone()],
+            probes: statuses,
             agent: AgentStats {
                 cpu_seconds: self_cpu_seconds(),
                 resident_bytes: self_resident_bytes(),
@@ -129,14 +305,46 @@ impl Collector {
             },
         }
     }
+
+    /// Removes processes that no longer exist from the kernel's process set.
+    fn untrack_gone(&mut self) {
+        let Some(p) = self.probes.as_mut().filter(|p| p.filtered()) else {
+            return;
+        };
+        match p.tracked() {
+            Ok(pids) => {
+                let gone: Vec<u32> = pids
+                    .into_iter()
+                    .filter(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+                    .collect();
+                if let Err(e) = p.untrack(gone) {
+                    log::warn!("{}", crate::error_chain(&e));
+                }
+            }
+            Err(e) => log::warn!("{}", crate::error_chain(&e)),
+        }
+    }
 }
 
-fn down(reason: &str) -> ProbeStatus {
-    ProbeStatus {
-        name: "runqueue",
-        up: false,
-        reason: reason.to_owned(),
+/// Processes in the target cgroups now (`cgroup.procs` under the v2 mount, else the v1 cpu one).
+fn cgroup_pids(mounts: &CgroupMounts, paths: &[String]) -> BTreeSet<u32> {
+    let mut out = BTreeSet::new();
+    for path in paths {
+        let rel = path.trim_start_matches('/');
+        let found = [&mounts.v2, &mounts.v1_cpu]
+            .into_iter()
+            .flatten()
+            .find_map(|root| std::fs::read_to_string(root.join(rel).join("cgroup.procs")).ok());
+        match found {
+            Some(text) => out.extend(text.lines().filter_map(|l| l.trim().parse::<u32>().ok())),
+            None => log::warn!(
+                "target cgroup {path} not found under {:?} or {:?}",
+                mounts.v2,
+                mounts.v1_cpu
+            ),
+        }
     }
+    out
 }
 
 /// Runs `collector` on its own thread, publishing a snapshot every `tick` until `stop` is set;

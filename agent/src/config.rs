@@ -5,6 +5,7 @@
 use std::{net::SocketAddr, path::Path, time::Duration};
 
 use serde::{Deserialize, Serialize};
+use slo_probe_core::roles;
 
 /// The documented default configuration, shipped as `agent/slo-probe.toml`.
 pub const DEFAULT_TOML: &str = include_str!("../slo-probe.toml");
@@ -21,6 +22,10 @@ pub const DEFAULT_OUTLIER_THRESHOLD_US: u64 = 10_000;
 pub const DEFAULT_MAX_THREADS: u32 = 16_384;
 /// Default ring buffer size, KiB.
 pub const DEFAULT_RING_BUFFER_KIB: u32 = 256;
+/// Default capacity of the connection map.
+pub const DEFAULT_MAX_CONNS: u32 = 4096;
+/// Default number of connections exported one by one.
+pub const DEFAULT_EXPORTED_CONNS: usize = 256;
 
 /// Errors reading or validating a configuration.
 #[derive(Debug, thiserror::Error)]
@@ -60,10 +65,70 @@ pub enum ConfigError {
 pub struct Config {
     /// `[agent]`.
     pub agent: AgentConfig,
+    /// `[target]`.
+    pub target: TargetConfig,
     /// `[prometheus]`.
     pub prometheus: PrometheusConfig,
     /// `[probes]`.
     pub probes: ProbesConfig,
+    /// `[roles]`.
+    pub roles: RolesConfig,
+}
+
+/// `[target]`: the job to follow.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TargetConfig {
+    /// Root processes of the job. Default empty (with `cgroups` empty: the whole node).
+    pub pids: Vec<u32>,
+    /// cgroups whose processes are part of the job. Default empty.
+    pub cgroups: Vec<String>,
+}
+
+impl TargetConfig {
+    /// Whether a job is named (else the whole node is followed).
+    pub fn is_set(&self) -> bool {
+        !self.pids.is_empty() || !self.cgroups.is_empty()
+    }
+}
+
+/// `[roles]`: thread-name patterns per role.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolesConfig {
+    /// Default [`roles::DEFAULT_DATA_LOADER`].
+    pub data_loader: Vec<String>,
+    /// Default [`roles::DEFAULT_COMMUNICATION`].
+    pub communication: Vec<String>,
+    /// Default [`roles::DEFAULT_PIN_MEMORY`].
+    pub pin_memory: Vec<String>,
+    /// Default [`roles::DEFAULT_MAIN`].
+    pub main: Vec<String>,
+}
+
+impl Default for RolesConfig {
+    fn default() -> Self {
+        let v = |s: &[&str]| s.iter().map(|p| (*p).to_owned()).collect();
+        Self {
+            data_loader: v(roles::DEFAULT_DATA_LOADER),
+            communication: v(roles::DEFAULT_COMMUNICATION),
+            pin_memory: v(roles::DEFAULT_PIN_MEMORY),
+            main: v(roles::DEFAULT_MAIN),
+        }
+    }
+}
+
+impl RolesConfig {
+    /// The rules the core applies.
+    pub fn rules(&self) -> roles::RoleRules {
+        let p = |v: &[String]| v.iter().map(|s| roles::Pattern::new(s)).collect();
+        roles::RoleRules {
+            data_loader: p(&self.data_loader),
+            communication: p(&self.communication),
+            pin_memory: p(&self.pin_memory),
+            main: p(&self.main),
+        }
+    }
 }
 
 /// `[agent]`: the main loop.
@@ -95,6 +160,8 @@ pub struct PrometheusConfig {
     pub listen: SocketAddr,
     /// Export per-thread histograms too. Default true.
     pub per_thread: bool,
+    /// Connections exported one by one. Default [`DEFAULT_EXPORTED_CONNS`].
+    pub max_connections: usize,
 }
 
 impl Default for PrometheusConfig {
@@ -105,6 +172,7 @@ impl Default for PrometheusConfig {
                 .parse()
                 .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 9617))),
             per_thread: true,
+            max_connections: DEFAULT_EXPORTED_CONNS,
         }
     }
 }
@@ -115,13 +183,50 @@ impl Default for PrometheusConfig {
 pub struct ProbesConfig {
     /// `[probes.runqueue]`.
     pub runqueue: RunqueueConfig,
+    /// `[probes.tcp]`.
+    pub tcp: TcpConfig,
+    /// `[probes.cgroup]`.
+    pub cgroup: CgroupConfig,
 }
 
-/// `[probes.runqueue]`: run-queue latency per thread.
+/// `[probes.tcp]`: TCP per thread and connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TcpConfig {
+    /// Attach the TCP probes. Default true.
+    pub enabled: bool,
+    /// Connection map capacity. Default [`DEFAULT_MAX_CONNS`].
+    pub max_connections: u32,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_connections: DEFAULT_MAX_CONNS,
+        }
+    }
+}
+
+/// `[probes.cgroup]`: cgroup CPU throttling and PSI.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CgroupConfig {
+    /// Read them. Default true.
+    pub enabled: bool,
+}
+
+impl Default for CgroupConfig {
+    fn default() -> Self {
+        Self { enabled: true }
+    }
+}
+
+/// `[probes.runqueue]`: the scheduling probes (run-queue latency, off-CPU time, process tree).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RunqueueConfig {
-    /// Attach the probe. Default true.
+    /// Attach the scheduling probes (false: no eBPF at all, as `--no-ebpf`). Default true.
     pub enabled: bool,
     /// Outlier threshold, µs. Default [`DEFAULT_OUTLIER_THRESHOLD_US`].
     pub outlier_threshold_us: u64,
@@ -190,6 +295,33 @@ impl Config {
                 &rq.ring_buffer_kib,
                 "must be a power of two from 4 to 1048576",
             ));
+        }
+        let tcp = &self.probes.tcp;
+        if tcp.max_connections == 0 || tcp.max_connections > 1 << 22 {
+            return Err(invalid(
+                "probes.tcp.max_connections",
+                &tcp.max_connections,
+                "must be 1..=4194304",
+            ));
+        }
+        for (key, patterns) in [
+            ("roles.data_loader", &self.roles.data_loader),
+            ("roles.communication", &self.roles.communication),
+            ("roles.pin_memory", &self.roles.pin_memory),
+            ("roles.main", &self.roles.main),
+        ] {
+            if let Some(p) = patterns.iter().find(|p| p.is_empty() || p.len() > 64) {
+                return Err(invalid(key, p, "patterns must be 1 to 64 characters"));
+            }
+        }
+        for c in &self.target.cgroups {
+            if !c.starts_with('/') {
+                return Err(invalid(
+                    "target.cgroups",
+                    c,
+                    "must be a path as /proc/<pid>/cgroup shows it, starting with /",
+                ));
+            }
         }
         Ok(())
     }

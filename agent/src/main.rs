@@ -45,11 +45,19 @@ enum Cmd {
         /// Prometheus listen address (overrides prometheus.listen).
         #[arg(long)]
         listen: Option<SocketAddr>,
+        /// Follow this process and its descendants (repeatable; adds to target.pids). Without
+        /// --pid or --cgroup the whole node is followed.
+        #[arg(long = "pid", value_name = "PID")]
+        pids: Vec<u32>,
+        /// Follow the processes of this cgroup (path as in /proc/PID/cgroup; repeatable).
+        #[arg(long = "cgroup", value_name = "PATH")]
+        cgroups: Vec<String>,
         /// Do not load eBPF programs; serve what is available without them.
         #[arg(long)]
         no_ebpf: bool,
     },
-    /// Run a command, observe its process tree for a while, and print what was measured.
+    /// Run a command, follow its process tree for a while, and print what was measured, by
+    /// thread role.
     Observe {
         /// TOML configuration file.
         #[arg(short, long)]
@@ -111,12 +119,17 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
         Cmd::Agent {
             config,
             listen,
+            pids,
+            cgroups,
             no_ebpf,
         } => {
             let mut config = load_config(config.as_ref())?;
             if let Some(l) = listen {
                 config.prometheus.listen = l;
             }
+            config.target.pids.extend(pids);
+            config.target.cgroups.extend(cgroups);
+            config.validate()?;
             agent(config, no_ebpf)
         }
         Cmd::Observe {
@@ -130,7 +143,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 duration.is_finite() && duration > 0.0,
                 "--duration must be a positive number of seconds"
             );
-            let mut collector = Collector::new(&config, false)?;
+            let mut collector = Collector::new(&config, false, true)?;
             let obs = observe::run(
                 &mut collector,
                 &command,
@@ -169,9 +182,17 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
 }
 
 fn agent(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
-    let collector = Collector::new(&config, no_ebpf)?;
+    let collector = Collector::new(&config, no_ebpf, false)?;
     if collector.ebpf_up() {
-        log::info!("run-queue probe attached");
+        if config.target.is_set() {
+            log::info!(
+                "probes attached; following pids {:?} and cgroups {:?} with their descendants",
+                config.target.pids,
+                config.target.cgroups
+            );
+        } else {
+            log::info!("probes attached; following every process on the node");
+        }
     } else {
         log::warn!("running without eBPF probes: only self-metrics are served");
     }

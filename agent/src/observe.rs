@@ -1,17 +1,25 @@
-//! `slo-probe observe`: run a command, watch its process tree for a while, print what the probes
-//! measured for its threads. The one-shot form of the agent, for trying it out and for scripts.
+//! `slo-probe observe`: run a command, follow its process tree in the kernel for a while, print
+//! what the probes measured for it by thread role. The one-shot form of the agent, for trying it
+//! out and for scripts.
 
 use std::{
     collections::BTreeSet,
     fmt::Write as _,
+    io::Write as _,
+    os::{fd::FromRawFd, unix::process::CommandExt},
     process::{Child, Command, ExitStatus},
     time::{Duration, Instant},
 };
 
 use slo_probe_common::Counter;
-use slo_probe_core::{runq::RunqCounts, snapshot::Snapshot};
+use slo_probe_core::{
+    net::endpoints,
+    roles::Role,
+    snapshot::Snapshot,
+    threads::{RunqCounts, ThreadCounts},
+};
 
-use crate::collector::Collector;
+use crate::{collector::Collector, sources::ebpf::EbpfError};
 
 /// Errors of `observe`.
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +33,9 @@ pub enum ObserveError {
         #[source]
         source: std::io::Error,
     },
+    /// The command's process could not be added to the kernel's process set.
+    #[error("cannot follow the command's process")]
+    Track(#[source] EbpfError),
 }
 
 /// What `observe` ends with.
@@ -37,36 +48,6 @@ pub struct Observation {
     pub elapsed: Duration,
     /// The command's exit status, if it ended by itself.
     pub exit: Option<ExitStatus>,
-}
-
-/// Parent pid of `pid` from `/proc/<pid>/stat` (`None` once it is gone).
-fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name is in parentheses and may contain spaces: parse after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// Adds every live descendant of a pid already in `tree` to it.
-fn add_descendants(tree: &mut BTreeSet<u32>) {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    let pids: Vec<u32> = entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    // Repeat until nothing is added, so grandchildren listed before their parent are found.
-    loop {
-        let before = tree.len();
-        for &pid in &pids {
-            if !tree.contains(&pid) && parent_of(pid).is_some_and(|pp| tree.contains(&pp)) {
-                tree.insert(pid);
-            }
-        }
-        if tree.len() == before {
-            break;
-        }
-    }
 }
 
 fn stop_child(child: &mut Child) {
@@ -84,6 +65,58 @@ fn stop_child(child: &mut Child) {
     let _ = child.wait();
 }
 
+/// Starts `command` held before it runs until the returned writer is written to or closed, so
+/// that the probes follow it from its first instruction. Needs `/bin/sh`.
+fn spawn_held(command: &[String]) -> Result<(Child, std::fs::File), ObserveError> {
+    let line = command.join(" ");
+    let spawn_err = |source| ObserveError::Spawn {
+        command: line.clone(),
+        source,
+    };
+    let (program, args) = command.split_first().ok_or_else(|| {
+        spawn_err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "empty command",
+        ))
+    })?;
+    let mut fds = [0i32; 2];
+    // SAFETY: valid pointer to two ints.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(spawn_err(std::io::Error::last_os_error()));
+    }
+    let (read_fd, write_fd) = (fds[0], fds[1]);
+    // `Command::spawn` returns only once the child has exec'd, so the child cannot wait before
+    // exec'ing the command itself: it exec's a shell that waits on fd 3, then exec's the command
+    // in the same process (same pid).
+    let mut cmd = Command::new("/bin/sh");
+    cmd.arg("-c")
+        .arg("read -r _ <&3; exec 3<&-; exec \"$@\"")
+        .arg("slo-probe-held")
+        .arg(program)
+        .args(args);
+    // SAFETY: the hook only calls async-signal-safe functions (dup2, fcntl).
+    unsafe {
+        cmd.pre_exec(move || {
+            // dup2 onto itself keeps FD_CLOEXEC, so clear it explicitly in that case.
+            let rc = if read_fd == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(read_fd, 3)
+            };
+            if rc < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn();
+    // SAFETY: read_fd is ours and used nowhere else in the parent.
+    unsafe { libc::close(read_fd) };
+    // SAFETY: write_fd is ours; the File owns and closes it.
+    let release = unsafe { std::fs::File::from_raw_fd(write_fd) };
+    Ok((child.map_err(spawn_err)?, release))
+}
+
 /// Runs `command`, ticks the collector until `duration` has passed or the command ended, and
 /// returns the final state. Progress goes to stderr once a second.
 pub fn run(
@@ -92,30 +125,21 @@ pub fn run(
     duration: Duration,
     tick: Duration,
 ) -> Result<Observation, ObserveError> {
-    let line = command.join(" ");
-    let (program, args) = command.split_first().ok_or_else(|| ObserveError::Spawn {
-        command: String::new(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"),
-    })?;
-    // Take a first reading before the command starts, so its first waits are not lost.
-    collector.tick();
-    let start = Instant::now();
-    let mut child =
-        Command::new(program)
-            .args(args)
-            .spawn()
-            .map_err(|source| ObserveError::Spawn {
-                command: line.clone(),
-                source,
-            })?;
+    let (mut child, mut release) = spawn_held(command)?;
     let root = child.id();
-    let mut pids = BTreeSet::from([root]);
+    if let Err(e) = collector.add_root(root) {
+        stop_child(&mut child);
+        return Err(ObserveError::Track(e));
+    }
+    let _ = release.write_all(&[1]);
+    drop(release);
+    let start = Instant::now();
     let mut exit = None;
     let mut last_progress = Instant::now();
+    let mut pids = BTreeSet::from([root]);
     loop {
         let remaining = duration.saturating_sub(start.elapsed());
         std::thread::sleep(remaining.min(tick).min(Duration::from_millis(200)));
-        add_descendants(&mut pids);
         if let Ok(Some(status)) = child.try_wait() {
             exit = Some(status);
             break;
@@ -126,23 +150,30 @@ pub fn run(
         if last_progress.elapsed() >= Duration::from_secs(1) {
             last_progress = Instant::now();
             let s = collector.tick();
+            if let Some(t) = &s.threads {
+                pids.extend(t.processes.iter().map(|p| p.pid));
+            }
             let waits: u64 = s
-                .runq
+                .threads
                 .iter()
-                .flat_map(|r| &r.processes)
-                .filter(|p| pids.contains(&p.pid))
-                .map(|p| p.counts.count)
+                .flat_map(|t| &t.processes)
+                .map(|p| p.counts.runq.count)
                 .sum();
             eprintln!(
-                "slo-probe: observing pid {root}: {:.0}/{:.0} s, {waits} run-queue waits so far",
+                "slo-probe: observing pid {root}: {:.0}/{:.0} s, {} processes, {waits} run-queue \
+                 waits so far",
                 start.elapsed().as_secs_f64(),
-                duration.as_secs_f64()
+                duration.as_secs_f64(),
+                pids.len()
             );
         }
     }
     // Read once more while the threads still exist (or just after they exited, so their final
-    // histograms are in), then stop the command if it is still running.
+    // entries are in), then stop the command if it is still running.
     let snapshot = collector.tick();
+    if let Some(t) = &snapshot.threads {
+        pids.extend(t.processes.iter().map(|p| p.pid));
+    }
     let elapsed = start.elapsed();
     if exit.is_none() {
         stop_child(&mut child);
@@ -168,27 +199,40 @@ pub fn human_ns(ns: f64) -> String {
     }
 }
 
-fn row(out: &mut String, pid: u32, tid: &str, name: &str, c: &RunqCounts) {
+/// Bytes, human-readable.
+pub fn human_bytes(b: u64) -> String {
+    let b = b as f64;
+    if b < 1024.0 {
+        format!("{b:.0} B")
+    } else if b < 1024.0 * 1024.0 {
+        format!("{:.1} KiB", b / 1024.0)
+    } else if b < 1024.0 * 1024.0 * 1024.0 {
+        format!("{:.1} MiB", b / 1024.0 / 1024.0)
+    } else {
+        format!("{:.2} GiB", b / 1024.0 / 1024.0 / 1024.0)
+    }
+}
+
+fn quantiles(c: &RunqCounts) -> [String; 3] {
     let q = |q: f64| c.quantile_ns(q).map_or("-".to_owned(), human_ns);
+    [q(0.5), q(0.99), human_ns(c.max_ns as f64)]
+}
+
+fn thread_row(out: &mut String, pid: u32, tid: &str, name: &str, role: &str, c: &ThreadCounts) {
+    let [p50, p99, max] = quantiles(&c.runq);
     let _ = writeln!(
         out,
-        "{pid:>7} {tid:>7}  {name:<16} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6.0}%",
-        c.count,
-        human_ns(c.total_ns as f64),
-        c.mean_ns().map_or("-".to_owned(), human_ns),
-        q(0.5),
-        q(0.99),
-        human_ns(c.max_ns as f64),
-        if c.count > 0 {
-            100.0 * c.preempted as f64 / c.count as f64
-        } else {
-            0.0
-        },
+        "{pid:>7} {tid:>7}  {name:<16} {role:<13} {:>7} {:>10} {p50:>9} {p99:>9} {max:>9} \
+         {:>9} {:>9}",
+        c.runq.count,
+        human_ns(c.runq.total_ns as f64),
+        human_ns(c.offcpu_voluntary_ns as f64),
+        human_ns(c.offcpu_involuntary_ns as f64),
     );
 }
 
-/// The report printed at the end of `observe`: the threads of `pids`, longest total wait
-/// first (at most `top` rows), a total per process, outliers and drops.
+/// The report printed at the end of `observe`: per role, then the threads with the longest
+/// run-queue waits (at most `top`), the processes, TCP connections, cgroups, outliers and drops.
 pub fn report(obs: &Observation, command: &str, top: usize) -> String {
     let mut out = String::new();
     let s = &obs.snapshot;
@@ -198,57 +242,184 @@ pub fn report(obs: &Observation, command: &str, top: usize) -> String {
     };
     let _ = writeln!(
         out,
-        "slo-probe observed `{command}` for {:.1} s ({status})",
-        obs.elapsed.as_secs_f64()
+        "slo-probe observed `{command}` for {:.1} s ({status}): {} processes",
+        obs.elapsed.as_secs_f64(),
+        obs.pids.len()
     );
-    let Some(runq) = &s.runq else {
+    let Some(t) = &s.threads else {
         let reason = s
             .probes
             .iter()
             .map(|p| format!("{}: {}", p.name, p.reason))
             .collect::<Vec<_>>()
             .join("; ");
-        let _ = writeln!(out, "no run-queue data: {reason}");
+        let _ = writeln!(out, "no per-thread data: {reason}");
         return out;
     };
-    let mut threads: Vec<_> = runq
+
+    let by_role = t.by_role(Some(&obs.pids));
+    let retrans = |role: Role| -> u64 {
+        s.net.as_ref().map_or(0, |n| {
+            n.retransmits
+                .iter()
+                .filter(|((pid, r), _)| *r == role && obs.pids.contains(pid))
+                .map(|(_, n)| n)
+                .sum()
+        })
+    };
+    let _ = writeln!(
+        out,
+        "\nby thread role (run-queue wait = runnable, waiting for a CPU):"
+    );
+    let _ = writeln!(
+        out,
+        "{:<14} {:>7} {:>8} {:>10} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>7}",
+        "role",
+        "threads",
+        "waits",
+        "run-queue",
+        "p50",
+        "p99",
+        "max",
+        "off-cpu v",
+        "off-cpu i",
+        "tcp sent",
+        "tcp recv",
+        "retrans"
+    );
+    for role in Role::ALL {
+        let Some(c) = by_role.get(&role) else {
+            continue;
+        };
+        let threads = t
+            .threads
+            .iter()
+            .filter(|th| th.role == role && obs.pids.contains(&th.pid))
+            .count();
+        let [p50, p99, max] = quantiles(&c.runq);
+        let _ = writeln!(
+            out,
+            "{:<14} {threads:>7} {:>8} {:>10} {p50:>9} {p99:>9} {max:>9} {:>10} {:>10} {:>10} \
+             {:>10} {:>7}",
+            role.as_str(),
+            c.runq.count,
+            human_ns(c.runq.total_ns as f64),
+            human_ns(c.offcpu_voluntary_ns as f64),
+            human_ns(c.offcpu_involuntary_ns as f64),
+            human_bytes(c.tcp_sent_bytes),
+            human_bytes(c.tcp_recv_bytes),
+            retrans(role),
+        );
+    }
+
+    let mut threads: Vec<_> = t
         .threads
         .iter()
-        .filter(|t| obs.pids.contains(&t.pid))
+        .filter(|th| obs.pids.contains(&th.pid))
         .collect();
-    threads.sort_by_key(|t| std::cmp::Reverse(t.counts.total_ns));
+    threads.sort_by_key(|th| std::cmp::Reverse(th.counts.runq.total_ns));
+    let _ = writeln!(out, "\nthreads with the longest run-queue waits:");
     let _ = writeln!(
         out,
-        "\nrun-queue latency (time runnable, waiting for a CPU) per thread, since start:"
+        "{:>7} {:>7}  {:<16} {:<13} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "pid",
+        "tid",
+        "thread",
+        "role",
+        "waits",
+        "run-queue",
+        "p50",
+        "p99",
+        "max",
+        "off-cpu v",
+        "off-cpu i"
     );
-    let _ = writeln!(
-        out,
-        "{:>7} {:>7}  {:<16} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}",
-        "pid", "tid", "thread", "waits", "total", "mean", "p50", "p99", "max", "preempt"
-    );
-    for t in threads.iter().take(top) {
-        let name = if t.exited {
-            format!("{}*", t.name)
+    for th in threads.iter().take(top) {
+        let name = if th.exited {
+            format!("{}*", th.name)
         } else {
-            t.name.clone()
+            th.name.clone()
         };
-        row(&mut out, t.pid, &t.tid.to_string(), &name, &t.counts);
+        thread_row(
+            &mut out,
+            th.pid,
+            &th.tid.to_string(),
+            &name,
+            th.role.as_str(),
+            &th.counts,
+        );
     }
     if threads.len() > top {
         let _ = writeln!(out, "  ... {} more threads", threads.len() - top);
     }
-    if threads.iter().any(|t| t.exited) {
+    if threads.iter().any(|th| th.exited) {
         let _ = writeln!(out, "  (* exited)");
     }
-    let _ = writeln!(out);
-    for p in runq.processes.iter().filter(|p| obs.pids.contains(&p.pid)) {
-        row(&mut out, p.pid, "all", &p.name, &p.counts);
-    }
-    if threads.is_empty() {
+
+    let _ = writeln!(out, "\nprocesses:");
+    for p in t.processes.iter().filter(|p| obs.pids.contains(&p.pid)) {
         let _ = writeln!(
             out,
-            "  (no thread of the command waited on a run queue while observed)"
+            "{:>7} (parent {:>7})  {:<16} {:<11} {:>3} threads, {} run-queue waits",
+            p.pid,
+            p.ppid,
+            p.name,
+            p.kind.as_str(),
+            p.threads,
+            p.counts.runq.count
         );
+    }
+
+    if let Some(net) = &s.net {
+        let conns: Vec<_> = net
+            .conns
+            .iter()
+            .filter(|c| obs.pids.contains(&c.pid))
+            .collect();
+        let _ = writeln!(out, "\nTCP connections: {}", conns.len());
+        for c in conns.iter().take(5) {
+            let (local, remote) = endpoints(&c.tuple);
+            let _ = writeln!(
+                out,
+                "  {local} -> {remote}  {} ({}, tid {})  {} retransmits, srtt {}, cwnd {}",
+                c.process,
+                c.role,
+                c.tid,
+                c.retransmits,
+                human_ns(f64::from(c.srtt_us) * 1e3),
+                c.snd_cwnd
+            );
+        }
+    } else if let Some(p) = s.probes.iter().find(|p| p.name == "tcp" && !p.up) {
+        let _ = writeln!(out, "\nTCP: down: {}", p.reason);
+    }
+
+    if !s.cgroups.is_empty() {
+        let _ = writeln!(out, "\ncgroups:");
+        for c in &s.cgroups {
+            let limit = c
+                .limit
+                .and_then(|l| l.cpus())
+                .map_or("no limit".to_owned(), |cpus| {
+                    format!("limit {cpus:.2} CPUs")
+                });
+            let throttled = c.cpu.map_or("no bandwidth control".to_owned(), |st| {
+                format!(
+                    "throttled {}/{} periods, {}",
+                    st.nr_throttled,
+                    st.nr_periods,
+                    human_ns(st.throttled_ns as f64)
+                )
+            });
+            let roles: Vec<&str> = c.roles.iter().map(|r| r.as_str()).collect();
+            let _ = writeln!(
+                out,
+                "  v{} {}  {limit}, {throttled} (since the cgroup was created); roles {}",
+                c.version,
+                c.path,
+                roles.join(",")
+            );
+        }
     }
 
     let outliers: u64 = obs
@@ -256,7 +427,10 @@ pub fn report(obs: &Observation, command: &str, top: usize) -> String {
         .iter()
         .filter_map(|pid| s.outliers.per_process.get(pid))
         .sum();
-    let _ = writeln!(out, "\noutliers (waits above the threshold): {outliers}");
+    let _ = writeln!(
+        out,
+        "\nrun-queue outliers (waits above the threshold): {outliers}"
+    );
     for o in s
         .outliers
         .recent
@@ -288,13 +462,22 @@ pub fn report(obs: &Observation, command: &str, top: usize) -> String {
         .collect();
     let _ = writeln!(
         out,
-        "drops and errors (whole machine): {}",
+        "drops and errors: {}",
         if drops.is_empty() {
             "none".to_owned()
         } else {
             drops.join(", ")
         }
     );
+    let down: Vec<String> = s
+        .probes
+        .iter()
+        .filter(|p| !p.up)
+        .map(|p| format!("{} ({})", p.name, p.reason))
+        .collect();
+    if !down.is_empty() {
+        let _ = writeln!(out, "probes down: {}", down.join("; "));
+    }
     out
 }
 
@@ -308,27 +491,21 @@ mod tests {
         assert_eq!(human_ns(12_400.0), "12.4 µs");
         assert_eq!(human_ns(3_100_000.0), "3.10 ms");
         assert_eq!(human_ns(1_250_000_000.0), "1.25 s");
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(3 * 1024 * 1024), "3.0 MiB");
     }
 
     #[test]
-    fn parent_of_self_is_our_parent() {
-        let me = std::process::id();
-        // SAFETY: getppid has no preconditions.
-        let parent = unsafe { libc::getppid() } as u32;
-        assert_eq!(parent_of(me), Some(parent));
-    }
-
-    #[test]
-    fn descendants_include_a_grandchild() {
-        let mut child = Command::new("sh")
-            .args(["-c", "sleep 2 & wait"])
-            .spawn()
-            .expect("sh");
-        std::thread::sleep(Duration::from_millis(300));
-        let mut tree = BTreeSet::from([child.id()]);
-        add_descendants(&mut tree);
-        let _ = child.kill();
-        let _ = child.wait();
-        assert!(tree.len() >= 2, "{tree:?}");
+    fn held_child_runs_only_when_released() {
+        let (mut child, mut release) =
+            spawn_held(&["sh".into(), "-c".into(), "exit 7".into()]).expect("spawn");
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            child.try_wait().expect("try_wait").is_none(),
+            "ran before release"
+        );
+        release.write_all(&[1]).expect("release");
+        drop(release);
+        assert_eq!(child.wait().expect("wait").code(), Some(7));
     }
 }

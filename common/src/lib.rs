@@ -11,8 +11,8 @@
 //!
 //! | range | family | defined today |
 //! |---|---|---|
-//! | `0x0001..=0x00ff` | host scheduling (eBPF) | [`RecordKind::RunqLatency`] |
-//! | `0x0100..=0x01ff` | host network (eBPF) | — (TCP retransmit, RTT sample) |
+//! | `0x0001..=0x00ff` | host scheduling and processes (eBPF) | [`RecordKind::RunqLatency`], [`RecordKind::ProcessEvent`] |
+//! | `0x0100..=0x01ff` | host network (eBPF) | [`RecordKind::TcpRetransmit`] |
 //! | `0x0200..=0x02ff` | GPU activity (CUPTI shim) | — (kernel, graph, launch, memcpy) |
 //! | `0x0300..=0x03ff` | job markers (python client, shim) | — (step, op context) |
 //!
@@ -22,10 +22,15 @@
 
 use core::{fmt, mem::size_of};
 
-pub mod runq;
+pub mod net;
+pub mod proc;
+pub mod sched;
 
-pub use runq::{
-    log2_slot, RunqHist, RunqLatencyRecord, RUNQ_FLAG_PREEMPTED, RUNQ_HIST_EXITED, RUNQ_SLOTS,
+pub use net::{ConnStats, NetTpOffsets, TcpRetransmitRecord, TcpTuple, CONN_CLOSED};
+pub use proc::{ProcessEventRecord, PROC_EXEC, PROC_EXIT, PROC_FORK};
+pub use sched::{
+    log2_slot, RunqLatencyRecord, ThreadStats, RUNQ_FLAG_PREEMPTED, RUNQ_SLOTS, THREAD_EXITED,
+    THREAD_OFF_INVOLUNTARY,
 };
 
 /// Header at the start of every record.
@@ -58,6 +63,10 @@ impl RecordHeader {
 pub enum RecordKind {
     /// [`RunqLatencyRecord`]: one run-queue wait above the outlier threshold.
     RunqLatency = 0x0001,
+    /// [`ProcessEventRecord`]: fork, exec or exit of a process.
+    ProcessEvent = 0x0002,
+    /// [`TcpRetransmitRecord`]: one retransmitted TCP segment.
+    TcpRetransmit = 0x0100,
 }
 
 impl RecordKind {
@@ -65,6 +74,8 @@ impl RecordKind {
     pub const fn from_raw(raw: u16) -> Option<Self> {
         match raw {
             0x0001 => Some(Self::RunqLatency),
+            0x0002 => Some(Self::ProcessEvent),
+            0x0100 => Some(Self::TcpRetransmit),
             _ => None,
         }
     }
@@ -164,6 +175,10 @@ impl core::error::Error for DecodeError {}
 pub enum AnyRecord {
     /// See [`RunqLatencyRecord`].
     RunqLatency(RunqLatencyRecord),
+    /// See [`ProcessEventRecord`].
+    ProcessEvent(ProcessEventRecord),
+    /// See [`TcpRetransmitRecord`].
+    TcpRetransmit(TcpRetransmitRecord),
 }
 
 /// Reads the header at the start of `bytes`.
@@ -227,6 +242,14 @@ pub fn decode(bytes: &[u8]) -> Result<(AnyRecord, usize), DecodeError> {
             let r = decode_as::<RunqLatencyRecord>(bytes)?;
             Ok((AnyRecord::RunqLatency(r), header.len as usize))
         }
+        Some(RecordKind::ProcessEvent) => {
+            let r = decode_as::<ProcessEventRecord>(bytes)?;
+            Ok((AnyRecord::ProcessEvent(r), header.len as usize))
+        }
+        Some(RecordKind::TcpRetransmit) => {
+            let r = decode_as::<TcpRetransmitRecord>(bytes)?;
+            Ok((AnyRecord::TcpRetransmit(r), header.len as usize))
+        }
         None => Err(DecodeError::UnknownKind { kind: header.kind }),
     }
 }
@@ -285,29 +308,35 @@ impl Iterator for RecordIter<'_> {
 pub enum Counter {
     /// An outlier could not be reserved in the ring buffer (userspace too slow): dropped.
     RingbufFull = 0,
-    /// The per-thread histogram map was full: a run-queue sample was dropped.
+    /// The per-thread map was full: a thread is not followed.
     ThreadMapFull = 1,
-    /// The enqueue-timestamp map was full: a wakeup was not tracked.
-    StartMapFull = 2,
     /// A kernel memory read (`bpf_probe_read_kernel`) failed.
-    ProbeReadFailed = 3,
+    ProbeReadFailed = 2,
     /// Outliers sent through the ring buffer (not an error; the denominator of the drop rate).
-    OutliersSent = 4,
+    OutliersSent = 3,
     /// Bytes that the agent could not decode as a record.
-    DecodeFailed = 5,
+    DecodeFailed = 4,
+    /// The process-target map was full: a forked process of the job is not followed.
+    TrackedMapFull = 5,
+    /// The connection map was full: a connection is not followed.
+    ConnMapFull = 6,
+    /// A process or network event could not be reserved in its ring buffer: dropped.
+    EventRingFull = 7,
 }
 
 impl Counter {
     /// Number of counters, the size of the `COUNTERS` map.
-    pub const COUNT: u32 = 6;
+    pub const COUNT: u32 = 8;
     /// Every counter, in slot order.
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Self::RingbufFull,
         Self::ThreadMapFull,
-        Self::StartMapFull,
         Self::ProbeReadFailed,
         Self::OutliersSent,
         Self::DecodeFailed,
+        Self::TrackedMapFull,
+        Self::ConnMapFull,
+        Self::EventRingFull,
     ];
 
     /// Stable snake_case name, used as a metric label.
@@ -315,10 +344,12 @@ impl Counter {
         match self {
             Self::RingbufFull => "ringbuf_full",
             Self::ThreadMapFull => "thread_map_full",
-            Self::StartMapFull => "start_map_full",
             Self::ProbeReadFailed => "probe_read_failed",
             Self::OutliersSent => "outliers_sent",
             Self::DecodeFailed => "decode_failed",
+            Self::TrackedMapFull => "tracked_map_full",
+            Self::ConnMapFull => "conn_map_full",
+            Self::EventRingFull => "event_ring_full",
         }
     }
 
@@ -326,7 +357,11 @@ impl Counter {
     pub const fn is_drop(self) -> bool {
         matches!(
             self,
-            Self::RingbufFull | Self::ThreadMapFull | Self::StartMapFull
+            Self::RingbufFull
+                | Self::ThreadMapFull
+                | Self::TrackedMapFull
+                | Self::ConnMapFull
+                | Self::EventRingFull
         )
     }
 }

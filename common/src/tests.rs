@@ -198,3 +198,50 @@ fn counters_are_dense() {
         assert_eq!(*c as u32, i as u32);
     }
 }
+
+#[test]
+fn process_and_tcp_records_round_trip() {
+    let p = ProcessEventRecord {
+        header: RecordHeader::of::<ProcessEventRecord>(),
+        ts_ns: 5,
+        event: PROC_FORK,
+        pid: 10,
+        ppid: 1,
+        tid: 1,
+        comm: *b"pt_data_worker\0\0",
+    };
+    let t = TcpRetransmitRecord {
+        header: RecordHeader::of::<TcpRetransmitRecord>(),
+        ts_ns: 6,
+        skaddr: 0xffff_8880_0000_1000,
+        tgid: 10,
+        tid: 11,
+        tuple: TcpTuple {
+            saddr: [10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            daddr: [10, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            sport: 40000,
+            dport: 29500,
+            family: net::AF_INET,
+            _pad: 0,
+        },
+        state: 1,
+        _pad: 0,
+    };
+    let mut buf = Vec::new();
+    buf.extend_from_slice(p.as_bytes());
+    buf.extend_from_slice(t.as_bytes());
+    let got: Vec<_> = RecordIter::new(&buf).collect();
+    assert_eq!(
+        got,
+        [
+            Ok(AnyRecord::ProcessEvent(p)),
+            Ok(AnyRecord::TcpRetransmit(t))
+        ]
+    );
+    let mut short = t;
+    short.header.len = 48;
+    assert!(matches!(
+        decode(short.as_bytes()),
+        Err(DecodeError::WrongLength { .. })
+    ));
+}

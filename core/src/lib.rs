@@ -3,5 +3,9 @@
 //! with recorded or generated inputs.
 #![deny(missing_docs)]
 
-pub mod runq;
+pub mod cgroup;
+pub mod net;
+pub mod proctree;
+pub mod roles;
 pub mod snapshot;
+pub mod threads;

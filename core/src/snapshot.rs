@@ -5,7 +5,11 @@ use std::collections::{BTreeMap, VecDeque};
 
 use slo_probe_common::{Counter, RunqLatencyRecord};
 
-use crate::runq::{comm_to_string, RunqSnapshot};
+use crate::{
+    cgroup::{CgroupRow, PressureRow},
+    net::NetSnapshot,
+    threads::{comm_to_string, ThreadsSnapshot},
+};
 
 /// State of one probe family.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,7 +72,7 @@ impl From<&RunqLatencyRecord> for Outlier {
 /// Outliers: a count per process and the most recent few.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OutlierSnapshot {
-    /// Outliers per process id since start (processes leave with the run-queue table).
+    /// Outliers per process id since start (processes leave with the thread table).
     pub per_process: BTreeMap<u32, u64>,
     /// The latest outliers, oldest first.
     pub recent: Vec<Outlier>,
@@ -119,10 +123,17 @@ impl OutlierLog {
 pub struct Snapshot {
     /// CLOCK_MONOTONIC ns of the tick.
     pub taken_at_ns: u64,
-    /// Run-queue latency per thread and process (`None` while the probe is down).
-    pub runq: Option<RunqSnapshot>,
+    /// Per-thread host statistics by thread, (process, role) and process (`None` while the
+    /// scheduling probes are down).
+    pub threads: Option<ThreadsSnapshot>,
     /// Run-queue outliers.
     pub outliers: OutlierSnapshot,
+    /// TCP connections (`None` while the network probes are down).
+    pub net: Option<NetSnapshot>,
+    /// The job's cgroups: CPU throttling and pressure.
+    pub cgroups: Vec<CgroupRow>,
+    /// System-wide pressure stall information (empty where the kernel has no PSI).
+    pub pressure: Vec<PressureRow>,
     /// Kernel-side drop and error counters, indexed by [`Counter`], plus the agent's own
     /// decode errors in [`Counter::DecodeFailed`].
     pub counters: [u64; Counter::COUNT as usize],

@@ -6,6 +6,8 @@
 #![no_std]
 #![no_main]
 
+mod net;
+mod proc;
 mod sched;
 mod shared;
 

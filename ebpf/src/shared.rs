@@ -1,12 +1,35 @@
-//! Maps and helpers used by every program family: the drop/error counters and kernel struct
-//! offsets patched in by the agent.
+//! Maps and helpers used by every program family: drop/error counters, the job's process set
+//! (the in-kernel filter), kernel struct offsets patched in by the agent, and the per-thread
+//! statistics map that the scheduling and network programs both update.
 
-use aya_ebpf::{helpers::bpf_probe_read_kernel, macros::map, maps::PerCpuArray};
-use slo_probe_common::Counter;
+use aya_ebpf::{
+    helpers::bpf_probe_read_kernel,
+    macros::map,
+    maps::{HashMap, PerCpuArray},
+};
+use slo_probe_common::{Counter, ThreadStats};
 
 /// Drop and error counters, one per-CPU slot per [`Counter`] (no atomics, no contention).
 #[map]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
+
+/// Process ids of the job (value: reserved, 0). When `FILTER_TRACKED` is 1 only threads of
+/// these processes are followed; `proc.rs` adds forked children, the agent seeds the roots.
+#[map]
+pub static TRACKED: HashMap<u32, u32> = HashMap::with_max_entries(8192, 0);
+
+/// Thread id → statistics (layout shared with the agent). Sized by the agent.
+#[map]
+pub static THREADS: HashMap<u32, ThreadStats> = HashMap::with_max_entries(16384, 0);
+
+/// Per-CPU scratch used as the initial value of new `THREADS` entries (440 bytes are too many
+/// for the 512-byte BPF stack next to everything else).
+#[map]
+static THREAD_SCRATCH: PerCpuArray<ThreadStats> = PerCpuArray::with_max_entries(1, 0);
+
+/// 1: follow only the processes in `TRACKED`; 0: follow every process (patched by the agent).
+#[unsafe(no_mangle)]
+pub static FILTER_TRACKED: u32 = 0;
 
 /// Byte offsets of `task_struct` fields on the running kernel. Rust eBPF has no CO-RE field
 /// relocations, so the agent reads them from `/sys/kernel/btf/vmlinux` and patches these globals
@@ -19,6 +42,12 @@ pub static TASK_TGID_OFFSET: u32 = 0;
 /// See [`TASK_PID_OFFSET`].
 #[unsafe(no_mangle)]
 pub static TASK_COMM_OFFSET: u32 = 0;
+
+/// BPF_NOEXIST: insert only if absent.
+pub const BPF_NOEXIST: u64 = 1;
+
+/// BPF_RB_NO_WAKEUP: the agent drains rings on its own tick, so no record wakes it up.
+pub const BPF_RB_NO_WAKEUP: u64 = 1;
 
 /// Reads a patched global. `read_volatile` keeps the compiler from folding the initial value.
 #[inline(always)]
@@ -49,16 +78,64 @@ pub fn read_kernel<T: Copy>(base: *const u8, offset: u32) -> Option<T> {
     }
 }
 
-/// `task->pid` (the thread id), `task->tgid` (the process id) of a task.
+/// `task->pid`, the thread id.
 #[inline(always)]
-pub fn task_ids(task: *const u8) -> Option<(u32, u32)> {
-    let tid = read_kernel::<u32>(task, global(&TASK_PID_OFFSET))?;
-    let tgid = read_kernel::<u32>(task, global(&TASK_TGID_OFFSET))?;
-    Some((tid, tgid))
+pub fn task_tid(task: *const u8) -> Option<u32> {
+    read_kernel::<u32>(task, global(&TASK_PID_OFFSET))
+}
+
+/// `task->tgid`, the process id.
+#[inline(always)]
+pub fn task_tgid(task: *const u8) -> Option<u32> {
+    read_kernel::<u32>(task, global(&TASK_TGID_OFFSET))
 }
 
 /// `task->comm` of a task.
 #[inline(always)]
 pub fn task_comm(task: *const u8) -> [u8; 16] {
     read_kernel::<[u8; 16]>(task, global(&TASK_COMM_OFFSET)).unwrap_or([0; 16])
+}
+
+/// Whether threads of process `tgid` are followed.
+#[inline(always)]
+pub fn is_tracked(tgid: u32) -> bool {
+    // SAFETY: the value is not used, only its presence.
+    global(&FILTER_TRACKED) == 0 || unsafe { TRACKED.get(tgid) }.is_some()
+}
+
+/// The statistics entry of thread `tid`, created (when its process is followed) with `tgid`,
+/// `comm` and `flags`. `None` when the thread is not followed or the map is full.
+#[inline(always)]
+pub fn thread_entry(
+    tid: u32,
+    tgid: impl FnOnce() -> Option<u32>,
+    comm: impl FnOnce() -> [u8; 16],
+    flags: u32,
+) -> Option<*mut ThreadStats> {
+    if let Some(e) = THREADS.get_ptr_mut(tid) {
+        return Some(e);
+    }
+    let tgid = tgid()?;
+    if !is_tracked(tgid) {
+        return None;
+    }
+    let scratch = THREAD_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: this CPU's scratch slot; only the identity and stamp fields are ever written, the
+    // counters stay zero.
+    #[expect(
+        clippy::needless_borrows_for_generic_args,
+        reason = "passing the 440-byte value by value would copy it onto the 512-byte BPF stack"
+    )]
+    unsafe {
+        (*scratch).off_ts = 0;
+        (*scratch).queued_ts = 0;
+        (*scratch).tgid = tgid;
+        (*scratch).flags = flags;
+        (*scratch).comm = comm();
+        if THREADS.insert(tid, &*scratch, BPF_NOEXIST).is_err() && THREADS.get(tid).is_none() {
+            count(Counter::ThreadMapFull);
+            return None;
+        }
+    }
+    THREADS.get_ptr_mut(tid)
 }

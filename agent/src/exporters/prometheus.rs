@@ -1,10 +1,11 @@
 //! Prometheus text exposition (format 0.0.4) of the latest snapshot, served over HTTP on
 //! loopback by default.
 //!
-//! Label cardinality: process series are one per live (or recently exited) process that had a
-//! run-queue wait; thread series one per thread, and can be switched off with
-//! `prometheus.per_thread = false`. Histogram buckets are the kernel's log2 slots from 1.024 µs to
-//! 17.2 s (25 buckets + `+Inf`).
+//! Label cardinality: (process, role) series are at most five per live (or recently exited)
+//! process of the job; thread series one per thread, switched off with
+//! `prometheus.per_thread = false`; connection series at most `prometheus.max_connections`;
+//! cgroup series one per cgroup holding a job process. Histogram buckets are the kernel's log2
+//! slots from 1.024 µs to 17.2 s (25 buckets + `+Inf`).
 
 use std::{convert::Infallible, fmt::Write as _, net::SocketAddr, sync::Arc};
 
@@ -12,7 +13,12 @@ use http_body_util::Full;
 use hyper::{body::Bytes, server::conn::http1, service::service_fn, Method, Request, Response};
 use hyper_util::rt::TokioIo;
 use slo_probe_common::Counter;
-use slo_probe_core::{runq::RunqCounts, snapshot::Snapshot};
+use slo_probe_core::{
+    cgroup::{CgroupRow, CpuStat},
+    net::{endpoints, ConnRow, NetSnapshot},
+    snapshot::Snapshot,
+    threads::{RunqCounts, ThreadCounts, ThreadsSnapshot},
+};
 use tokio::{net::TcpListener, sync::watch};
 
 /// First exported slot: bucket `le = 2^10 ns` (1.024 µs) holds every shorter wait too.
@@ -101,70 +107,13 @@ pub fn render(snapshot: &Snapshot, per_thread: bool) -> String {
         );
     }
 
-    if let Some(runq) = &snapshot.runq {
-        let process_name = |pid: u32| runq.process(pid).map_or("", |p| p.name.as_str());
-        let name = "slo_probe_process_runqueue_latency_seconds";
-        header(
-            &mut out,
-            name,
-            "histogram",
-            "Time the threads of a process spent runnable, waiting for a CPU, per wait.",
-        );
-        for p in &runq.processes {
-            let labels = format!("pid=\"{}\",process=\"{}\"", p.pid, escape(&p.name));
-            histogram(&mut out, name, &labels, &p.counts);
-        }
-        let name = "slo_probe_process_runqueue_preempted_waits_total";
-        header(
-            &mut out,
-            name,
-            "counter",
-            "Run-queue waits of a process that began with an involuntary preemption (the rest \
-             began with a wakeup).",
-        );
-        for p in &runq.processes {
-            let _ = writeln!(
-                out,
-                "{name}{{pid=\"{}\",process=\"{}\"}} {}",
-                p.pid,
-                escape(&p.name),
-                p.counts.preempted
-            );
-        }
-        if per_thread {
-            let name = "slo_probe_thread_runqueue_latency_seconds";
-            header(
-                &mut out,
-                name,
-                "histogram",
-                "Time a thread spent runnable, waiting for a CPU, per wait.",
-            );
-            for t in &runq.threads {
-                let labels = format!(
-                    "pid=\"{}\",process=\"{}\",tid=\"{}\",thread=\"{}\"",
-                    t.pid,
-                    escape(process_name(t.pid)),
-                    t.tid,
-                    escape(&t.name)
-                );
-                histogram(&mut out, name, &labels, &t.counts);
-            }
-        }
-        let name = "slo_probe_runqueue_outliers_total";
-        header(
-            &mut out,
-            name,
-            "counter",
-            "Run-queue waits at or above the outlier threshold, per process.",
-        );
-        for (pid, n) in &snapshot.outliers.per_process {
-            let _ = writeln!(
-                out,
-                "{name}{{pid=\"{pid}\",process=\"{}\"}} {n}",
-                escape(process_name(*pid))
-            );
-        }
+    if let Some(t) = &snapshot.threads {
+        render_threads(&mut out, t, snapshot, per_thread);
     }
+    if let Some(net) = &snapshot.net {
+        render_net(&mut out, net, snapshot.threads.as_ref());
+    }
+    render_cgroups(&mut out, snapshot);
 
     header(
         &mut out,
@@ -172,22 +121,27 @@ pub fn render(snapshot: &Snapshot, per_thread: bool) -> String {
         "counter",
         "Events the probes dropped instead of blocking, by reason.",
     );
+    for c in Counter::ALL.into_iter().filter(|c| c.is_drop()) {
+        let _ = writeln!(
+            out,
+            "slo_probe_ebpf_events_dropped_total{{reason=\"{}\"}} {}",
+            c.name(),
+            snapshot.counters[c as usize]
+        );
+    }
     header(
         &mut out,
         "slo_probe_ebpf_errors_total",
         "counter",
         "Errors while collecting, by reason.",
     );
-    for c in Counter::ALL {
-        let n = snapshot.counters[c as usize];
-        let family = if c.is_drop() {
-            "slo_probe_ebpf_events_dropped_total"
-        } else if c == Counter::OutliersSent {
-            continue;
-        } else {
-            "slo_probe_ebpf_errors_total"
-        };
-        let _ = writeln!(out, "{family}{{reason=\"{}\"}} {n}", c.name());
+    for c in [Counter::ProbeReadFailed, Counter::DecodeFailed] {
+        let _ = writeln!(
+            out,
+            "slo_probe_ebpf_errors_total{{reason=\"{}\"}} {}",
+            c.name(),
+            snapshot.counters[c as usize]
+        );
     }
     header(
         &mut out,
@@ -231,6 +185,317 @@ pub fn render(snapshot: &Snapshot, per_thread: bool) -> String {
     );
     let _ = writeln!(out, "slo_probe_agent_ticks_total {}", snapshot.agent.ticks);
     out
+}
+
+/// A value of a family: its `kind` label (empty: none) and how to read it.
+type KindValue<T> = (&'static str, fn(&T) -> f64);
+/// A family: name, type, help and how to read its value.
+type Family<T> = (&'static str, &'static str, &'static str, fn(&T) -> f64);
+
+/// One counter family over the (process, role) groups.
+fn group_counter(
+    out: &mut String,
+    t: &ThreadsSnapshot,
+    name: &str,
+    help: &str,
+    values: &[KindValue<ThreadCounts>],
+) {
+    header(out, name, "counter", help);
+    for g in &t.groups {
+        for (kind, value) in values {
+            let kind_label = if kind.is_empty() {
+                String::new()
+            } else {
+                format!(",kind=\"{kind}\"")
+            };
+            let _ = writeln!(
+                out,
+                "{name}{{pid=\"{}\",process=\"{}\",role=\"{}\"{kind_label}}} {}",
+                g.pid,
+                escape(&g.process),
+                g.role,
+                value(&g.counts)
+            );
+        }
+    }
+}
+
+fn render_threads(out: &mut String, t: &ThreadsSnapshot, snapshot: &Snapshot, per_thread: bool) {
+    let process_name = |pid: u32| t.process(pid).map_or("", |p| p.name.as_str());
+    let name = "slo_probe_runqueue_latency_seconds";
+    header(
+        out,
+        name,
+        "histogram",
+        "Time threads spent runnable, waiting for a CPU, per wait; by process and thread role.",
+    );
+    for g in &t.groups {
+        let labels = format!(
+            "pid=\"{}\",process=\"{}\",role=\"{}\"",
+            g.pid,
+            escape(&g.process),
+            g.role
+        );
+        histogram(out, name, &labels, &g.counts.runq);
+    }
+    group_counter(
+        out,
+        t,
+        "slo_probe_runqueue_preempted_waits_total",
+        "Run-queue waits that began with an involuntary preemption (the rest began with a wakeup).",
+        &[("", |c| c.runq.preempted as f64)],
+    );
+    group_counter(
+        out,
+        t,
+        "slo_probe_offcpu_seconds_total",
+        "Time threads spent off CPU, from switch-out to switch-in: voluntary (blocked or \
+         sleeping, including the wait after the wakeup) or involuntary (preempted).",
+        &[
+            ("voluntary", |c| c.offcpu_voluntary_ns as f64 / 1e9),
+            ("involuntary", |c| c.offcpu_involuntary_ns as f64 / 1e9),
+        ],
+    );
+    group_counter(
+        out,
+        t,
+        "slo_probe_context_switches_total",
+        "Context switches away from threads: voluntary or involuntary (preemptions).",
+        &[
+            ("voluntary", |c| c.switches_voluntary as f64),
+            ("involuntary", |c| c.switches_involuntary as f64),
+        ],
+    );
+    group_counter(
+        out,
+        t,
+        "slo_probe_tcp_sent_bytes_total",
+        "TCP payload bytes sent by threads.",
+        &[("", |c| c.tcp_sent_bytes as f64)],
+    );
+    group_counter(
+        out,
+        t,
+        "slo_probe_tcp_received_bytes_total",
+        "TCP payload bytes received by threads.",
+        &[("", |c| c.tcp_recv_bytes as f64)],
+    );
+    if per_thread {
+        let name = "slo_probe_thread_runqueue_latency_seconds";
+        header(
+            out,
+            name,
+            "histogram",
+            "Time a thread spent runnable, waiting for a CPU, per wait.",
+        );
+        for th in &t.threads {
+            let labels = format!(
+                "pid=\"{}\",process=\"{}\",tid=\"{}\",thread=\"{}\",role=\"{}\"",
+                th.pid,
+                escape(process_name(th.pid)),
+                th.tid,
+                escape(&th.name),
+                th.role
+            );
+            histogram(out, name, &labels, &th.counts.runq);
+        }
+        let name = "slo_probe_thread_offcpu_seconds_total";
+        header(
+            out,
+            name,
+            "counter",
+            "Time a thread spent off CPU, by kind.",
+        );
+        for th in &t.threads {
+            for (kind, ns) in [
+                ("voluntary", th.counts.offcpu_voluntary_ns),
+                ("involuntary", th.counts.offcpu_involuntary_ns),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "{name}{{pid=\"{}\",process=\"{}\",tid=\"{}\",thread=\"{}\",role=\"{}\",\
+                     kind=\"{kind}\"}} {}",
+                    th.pid,
+                    escape(process_name(th.pid)),
+                    th.tid,
+                    escape(&th.name),
+                    th.role,
+                    ns as f64 / 1e9
+                );
+            }
+        }
+    }
+    let name = "slo_probe_runqueue_outliers_total";
+    header(
+        out,
+        name,
+        "counter",
+        "Run-queue waits at or above the outlier threshold, per process.",
+    );
+    for (pid, n) in &snapshot.outliers.per_process {
+        let _ = writeln!(
+            out,
+            "{name}{{pid=\"{pid}\",process=\"{}\"}} {n}",
+            escape(process_name(*pid))
+        );
+    }
+}
+
+fn render_net(out: &mut String, net: &NetSnapshot, threads: Option<&ThreadsSnapshot>) {
+    let process_name = |pid: u32| {
+        threads
+            .and_then(|t| t.process(pid))
+            .map_or("", |p| p.name.as_str())
+    };
+    let name = "slo_probe_tcp_retransmits_total";
+    header(
+        out,
+        name,
+        "counter",
+        "Retransmitted TCP segments of the connections a process's threads own, by role \
+         (pid 0: owner unknown).",
+    );
+    for ((pid, role), n) in &net.retransmits {
+        let _ = writeln!(
+            out,
+            "{name}{{pid=\"{pid}\",process=\"{}\",role=\"{role}\"}} {n}",
+            escape(process_name(*pid))
+        );
+    }
+    let families: [Family<ConnRow>; 3] = [
+        (
+            "slo_probe_tcp_connection_retransmits_total",
+            "counter",
+            "Retransmitted segments of one connection.",
+            |c| c.retransmits as f64,
+        ),
+        (
+            "slo_probe_tcp_connection_srtt_seconds",
+            "gauge",
+            "Smoothed round-trip time of one connection at the last sample.",
+            |c| f64::from(c.srtt_us) / 1e6,
+        ),
+        (
+            "slo_probe_tcp_connection_cwnd_segments",
+            "gauge",
+            "Congestion window of one connection at the last sample.",
+            |c| f64::from(c.snd_cwnd),
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        header(out, name, kind, help);
+        for c in &net.conns {
+            let (local, remote) = endpoints(&c.tuple);
+            let _ = writeln!(
+                out,
+                "{name}{{pid=\"{}\",process=\"{}\",role=\"{}\",local=\"{local}\",\
+                 remote=\"{remote}\"}} {}",
+                c.pid,
+                escape(&c.process),
+                c.role,
+                value(c)
+            );
+        }
+    }
+    header(
+        out,
+        "slo_probe_tcp_connections_unlisted",
+        "gauge",
+        "Connections followed but not exported one by one (over prometheus.max_connections).",
+    );
+    let _ = writeln!(out, "slo_probe_tcp_connections_unlisted {}", net.unlisted);
+}
+
+fn render_cgroups(out: &mut String, snapshot: &Snapshot) {
+    let labels = |c: &CgroupRow| {
+        let roles: Vec<&str> = c.roles.iter().map(|r| r.as_str()).collect();
+        format!(
+            "cgroup=\"{}\",version=\"{}\",roles=\"{}\"",
+            escape(&c.path),
+            c.version,
+            roles.join(",")
+        )
+    };
+    let with_cpu: Vec<_> = snapshot
+        .cgroups
+        .iter()
+        .filter_map(|c| Some((c, c.cpu?)))
+        .collect();
+    let families: [Family<CpuStat>; 3] = [
+        (
+            "slo_probe_cgroup_cpu_periods_total",
+            "counter",
+            "CFS bandwidth periods elapsed in a cgroup of the job.",
+            |s| s.nr_periods as f64,
+        ),
+        (
+            "slo_probe_cgroup_cpu_throttled_periods_total",
+            "counter",
+            "Periods in which a cgroup of the job was throttled.",
+            |s| s.nr_throttled as f64,
+        ),
+        (
+            "slo_probe_cgroup_cpu_throttled_seconds_total",
+            "counter",
+            "Time a cgroup of the job was throttled.",
+            |s| s.throttled_ns as f64 / 1e9,
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        header(out, name, kind, help);
+        for (c, s) in &with_cpu {
+            let _ = writeln!(out, "{name}{{{}}} {}", labels(c), value(s));
+        }
+    }
+    header(
+        out,
+        "slo_probe_cgroup_cpu_limit_cpus",
+        "gauge",
+        "CPU limit of a cgroup of the job (quota / period), where one is set.",
+    );
+    for c in &snapshot.cgroups {
+        if let Some(cpus) = c.limit.and_then(|l| l.cpus()) {
+            let _ = writeln!(
+                out,
+                "slo_probe_cgroup_cpu_limit_cpus{{{}}} {cpus}",
+                labels(c)
+            );
+        }
+    }
+    header(
+        out,
+        "slo_probe_cgroup_cpu_pressure_stalled_seconds_total",
+        "counter",
+        "CPU pressure stall time of a cgroup of the job (cgroup v2 with PSI).",
+    );
+    for c in &snapshot.cgroups {
+        if let Some(p) = c.pressure {
+            for (kind, us) in [("some", p.some_us), ("full", p.full_us)] {
+                let _ = writeln!(
+                    out,
+                    "slo_probe_cgroup_cpu_pressure_stalled_seconds_total{{{},kind=\"{kind}\"}} {}",
+                    labels(c),
+                    us as f64 / 1e6
+                );
+            }
+        }
+    }
+    header(
+        out,
+        "slo_probe_pressure_stalled_seconds_total",
+        "counter",
+        "System-wide pressure stall time (PSI) by resource: some task stalled, or all.",
+    );
+    for p in &snapshot.pressure {
+        for (kind, us) in [("some", p.pressure.some_us), ("full", p.pressure.full_us)] {
+            let _ = writeln!(
+                out,
+                "slo_probe_pressure_stalled_seconds_total{{resource=\"{}\",kind=\"{kind}\"}} {}",
+                p.resource,
+                us as f64 / 1e6
+            );
+        }
+    }
 }
 
 /// A bound Prometheus endpoint, not yet serving.
@@ -307,25 +572,60 @@ fn respond<B>(req: &Request<B>, snapshot: &Snapshot, per_thread: bool) -> Respon
 #[cfg(test)]
 mod tests {
     use super::*;
-    use slo_probe_common::{log2_slot, RunqHist};
+    use slo_probe_common::{log2_slot, ThreadStats};
     use slo_probe_core::{
-        runq::{RunqTable, ThreadRead},
+        cgroup::{CpuLimit, Pressure, PressureRow},
+        proctree::ProcessTree,
+        roles::{Role, RoleRules},
         snapshot::ProbeStatus,
+        threads::{ThreadRead, ThreadTable},
     };
 
     fn snapshot() -> Snapshot {
-        let mut h = RunqHist::ZERO;
+        let mut h = ThreadStats::ZERO;
         h.tgid = 7;
         h.comm[..6].copy_from_slice(b"tr\"ain");
         for w in [500u64, 2_000, 3_000_000] {
-            h.slots[log2_slot(w)] += 1;
-            h.count += 1;
-            h.total_ns += w;
+            h.runq_slots[log2_slot(w)] += 1;
+            h.runq_count += 1;
+            h.runq_total_ns += w;
         }
-        let mut table = RunqTable::new(10);
-        let runq = table.apply(1, &[ThreadRead { tid: 7, hist: h }]);
+        h.offcpu_voluntary_ns = 2_500_000_000;
+        h.tcp_sent_bytes = 4096;
+        let mut tree = ProcessTree::new();
+        tree.set_roots([7]);
+        let mut table = ThreadTable::new(10);
+        let threads = table.apply(
+            1,
+            &[ThreadRead { tid: 7, stats: h }],
+            &tree,
+            &RoleRules::default(),
+        );
         Snapshot {
-            runq: Some(runq),
+            threads: Some(threads),
+            cgroups: vec![CgroupRow {
+                path: "/job".into(),
+                version: 1,
+                cpu: Some(CpuStat {
+                    nr_periods: 10,
+                    nr_throttled: 9,
+                    throttled_ns: 900_000_000,
+                }),
+                limit: Some(CpuLimit {
+                    quota_us: Some(10_000),
+                    period_us: 100_000,
+                }),
+                pressure: None,
+                pids: vec![7],
+                roles: vec![Role::Main],
+            }],
+            pressure: vec![PressureRow {
+                resource: "cpu",
+                pressure: Pressure {
+                    some_us: 1_500_000,
+                    full_us: 0,
+                },
+            }],
             probes: vec![ProbeStatus {
                 name: "runqueue",
                 up: true,
@@ -338,8 +638,8 @@ mod tests {
     #[test]
     fn histogram_buckets_are_cumulative_and_escaped() {
         let text = render(&snapshot(), true);
-        let labels = "pid=\"7\",process=\"tr\\\"ain\"";
-        let name = "slo_probe_process_runqueue_latency_seconds";
+        let labels = "pid=\"7\",process=\"tr\\\"ain\",role=\"main\"";
+        let name = "slo_probe_runqueue_latency_seconds";
         assert!(
             text.contains(&format!("{name}_bucket{{{labels},le=\"0.000001024\"}} 1")),
             "{text}"
@@ -349,27 +649,46 @@ mod tests {
         assert!(text.contains(&format!("{name}_bucket{{{labels},le=\"+Inf\"}} 3")));
         assert!(text.contains(&format!("{name}_count{{{labels}}} 3")));
         assert!(text.contains(&format!("{name}_sum{{{labels}}} 0.0030025")));
-        assert!(text.contains("slo_probe_thread_runqueue_latency_seconds_count{pid=\"7\",process=\"tr\\\"ain\",tid=\"7\",thread=\"tr\\\"ain\"} 3"));
+        assert!(text.contains(
+            "slo_probe_thread_runqueue_latency_seconds_count{pid=\"7\",process=\"tr\\\"ain\",\
+             tid=\"7\",thread=\"tr\\\"ain\",role=\"main\"} 3"
+        ));
+        assert!(text.contains(&format!(
+            "slo_probe_offcpu_seconds_total{{{labels},kind=\"voluntary\"}} 2.5"
+        )));
+        assert!(text.contains(&format!("slo_probe_tcp_sent_bytes_total{{{labels}}} 4096")));
         assert!(text.contains("slo_probe_probe_up{probe=\"runqueue\",reason=\"\"} 1"));
         assert!(text.contains("slo_probe_ebpf_events_dropped_total{reason=\"ringbuf_full\"} 0"));
+        let cg = "cgroup=\"/job\",version=\"1\",roles=\"main\"";
+        assert!(text.contains(&format!(
+            "slo_probe_cgroup_cpu_throttled_periods_total{{{cg}}} 9"
+        )));
+        assert!(text.contains(&format!(
+            "slo_probe_cgroup_cpu_throttled_seconds_total{{{cg}}} 0.9"
+        )));
+        assert!(text.contains(&format!("slo_probe_cgroup_cpu_limit_cpus{{{cg}}} 0.1")));
+        assert!(text.contains(
+            "slo_probe_pressure_stalled_seconds_total{resource=\"cpu\",kind=\"some\"} 1.5"
+        ));
     }
 
     #[test]
     fn per_thread_can_be_switched_off() {
         let text = render(&snapshot(), false);
         assert!(!text.contains("slo_probe_thread_runqueue_latency_seconds_bucket"));
-        assert!(text.contains("slo_probe_process_runqueue_latency_seconds_bucket"));
+        assert!(text.contains("slo_probe_runqueue_latency_seconds_bucket"));
     }
 
-    /// Every sample line belongs to a family declared with HELP and TYPE before it, and every
-    /// line parses as `name{labels} value`.
+    /// Every sample line belongs to a family declared once with HELP and TYPE before it, and
+    /// every line parses as `name{labels} value`.
     #[test]
     fn exposition_is_well_formed() {
         let text = render(&snapshot(), true);
         let mut declared = std::collections::HashSet::new();
         for line in text.lines() {
             if let Some(rest) = line.strip_prefix("# TYPE ") {
-                declared.insert(rest.split(' ').next().unwrap_or_default().to_owned());
+                let family = rest.split(' ').next().unwrap_or_default().to_owned();
+                assert!(declared.insert(family.clone()), "{family} declared twice");
                 continue;
             }
             if line.starts_with('#') {

@@ -1,3 +1,6 @@
-//! Sources: adapt what the kernel (and later the GPU shim, NVML, cgroups) reports into the
-//! core's input types.
+//! Sources: adapt what the kernel (and later the GPU shim, NVML) reports into the core's input
+//! types.
+pub mod cgroup;
 pub mod ebpf;
+pub mod procfs;
+pub mod tracefs;

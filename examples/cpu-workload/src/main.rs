@@ -1,13 +1,17 @@
 //! A real CPU workload shaped like a data-parallel training step, for machines without a GPU.
 //!
-//! Threads (named as `top -H` and the probes see them):
+//! Processes and threads (named as `top -H` and the probes see them), shaped like a PyTorch DDP
+//! rank with DataLoader workers:
+//! - `loader-N` worker processes (this binary re-run with `--loader-worker N`): produce batches
+//!   (pseudo-random fill, blur passes as augmentation, normalisation) and write them to a pipe,
+//!   like DataLoader worker processes;
+//! - `pin-memory`: reads the workers' pipes in turn and hands batches to the training loop
+//!   through a bounded queue, like PyTorch's pin-memory thread;
 //! - `train-main`: each step takes a batch, runs a forward and a backward matrix product, hands
-//!   the gradient to `grad-sync` and waits for the reduced gradient (the step boundary);
-//! - `loader-N`: produce batches (pseudo-random fill + normalisation) into a bounded queue, like
-//!   DataLoader workers;
-//! - `grad-sync`: sends each gradient over loopback TCP to `grad-peer` and returns the reply,
-//!   like a communication thread doing an all-reduce with another rank;
-//! - `grad-peer`: the other "rank": averages the gradient with its own and sends it back;
+//!   the gradient to `comm-allreduce` and waits for the reduced gradient (the step boundary);
+//! - `comm-allreduce`: sends each gradient over loopback TCP to `comm-peer` and returns the
+//!   reply, like a communication thread doing an all-reduce with another rank;
+//! - `comm-peer`: the other "rank": averages the gradient with its own and sends it back;
 //! - `metrics-log`: wakes every 10 ms to record step times, like a logging thread.
 //!
 //! With the defaults it keeps more threads runnable than a 2-core machine has cores, so the
@@ -16,6 +20,7 @@
 use std::{
     io::{Read, Write},
     net::{TcpListener, TcpStream},
+    process::{ChildStdout, Command, Stdio},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         mpsc, Arc,
@@ -30,6 +35,8 @@ struct Args {
     duration: Duration,
     loaders: usize,
     augment: usize,
+    /// Set in the worker processes: which worker this is.
+    loader_worker: Option<usize>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -37,6 +44,7 @@ fn parse_args() -> Result<Args, String> {
         duration: Duration::from_secs(10),
         loaders: 3,
         augment: 128,
+        loader_worker: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -49,11 +57,13 @@ fn parse_args() -> Result<Args, String> {
             "--duration" => args.duration = Duration::from_secs_f64(value("--duration")?),
             "--loaders" => args.loaders = value("--loaders")? as usize,
             "--augment" => args.augment = value("--augment")? as usize,
+            "--loader-worker" => args.loader_worker = Some(value("--loader-worker")? as usize),
             "-h" | "--help" => {
                 println!(
                     "usage: slo-probe-workload [--duration SECS (10)] [--loaders N (3)] \
                      [--augment PASSES (128)]\n\
-                     A training-shaped CPU workload: loader threads, a compute loop, a \
+                     A training-shaped CPU workload: loader worker processes, a pin-memory \
+                     thread, a compute loop, a \
                      loopback gradient exchange."
                 );
                 std::process::exit(0);
@@ -65,7 +75,7 @@ fn parse_args() -> Result<Args, String> {
 }
 
 /// Names the calling thread for the kernel (`comm`), where std's thread names do not reach
-/// (the main thread).
+/// (the main thread of a process).
 fn name_this_thread(name: &str) {
     let _ = std::fs::write("/proc/thread-self/comm", name);
 }
@@ -119,6 +129,21 @@ fn make_batch(rng: &mut Rng, passes: usize) -> Vec<f32> {
     b
 }
 
+/// A loader worker process: writes batches to stdout until the reader goes away.
+fn loader_worker(i: usize, passes: usize) {
+    name_this_thread(&format!("loader-{i}"));
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1));
+    let mut out = std::io::stdout().lock();
+    loop {
+        if out
+            .write_all(&as_bytes(&make_batch(&mut rng, passes)))
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
 fn matmul(a: &[f32], b: &[f32], out: &mut [f32]) {
     out.iter_mut().for_each(|x| *x = 0.0);
     for i in 0..DIM {
@@ -151,26 +176,49 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if let Some(i) = args.loader_worker {
+        loader_worker(i, args.augment);
+        return;
+    }
     name_this_thread("train-main");
     let stop = Arc::new(AtomicBool::new(false));
 
-    // Loaders → bounded queue → main.
-    let (batch_tx, batch_rx) = mpsc::sync_channel::<Vec<f32>>(4);
-    let mut loaders = Vec::new();
+    // Loader processes → pipes → pin-memory thread → bounded queue → main.
+    let exe = std::env::current_exe().unwrap_or_else(|e| {
+        eprintln!("slo-probe-workload: cannot find my own executable: {e}");
+        std::process::exit(1);
+    });
+    let mut workers = Vec::new();
     for i in 0..args.loaders {
-        let tx = batch_tx.clone();
-        let stop = stop.clone();
-        let passes = args.augment;
-        loaders.push(spawn(&format!("loader-{i}"), move || {
-            let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1));
-            while !stop.load(Ordering::Relaxed) {
-                if tx.send(make_batch(&mut rng, passes)).is_err() {
-                    break;
+        match Command::new(&exe)
+            .args([
+                "--loader-worker",
+                &i.to_string(),
+                "--augment",
+                &args.augment.to_string(),
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+        {
+            Ok(c) => workers.push(c),
+            Err(e) => {
+                eprintln!("slo-probe-workload: cannot start loader worker {i}: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    let mut pipes: Vec<ChildStdout> = workers.iter_mut().filter_map(|c| c.stdout.take()).collect();
+    let (batch_tx, batch_rx) = mpsc::sync_channel::<Vec<f32>>(4);
+    let pin = spawn("pin-memory", move || {
+        let mut buf = vec![0u8; DIM * DIM * 4];
+        'outer: loop {
+            for p in pipes.iter_mut() {
+                if p.read_exact(&mut buf).is_err() || batch_tx.send(from_bytes(&buf)).is_err() {
+                    break 'outer;
                 }
             }
-        }));
-    }
-    drop(batch_tx);
+        }
+    });
 
     // The other "rank": averages with its own gradient.
     let listener = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| {
@@ -181,7 +229,7 @@ fn main() {
         .local_addr()
         .unwrap_or_else(|e| panic!("local_addr: {e}"));
     let bytes_per_grad = DIM * DIM * 4;
-    let peer = spawn("grad-peer", move || {
+    let peer = spawn("comm-peer", move || {
         let Ok((mut s, _)) = listener.accept() else {
             return;
         };
@@ -200,10 +248,10 @@ fn main() {
         }
     });
 
-    // Communication thread: main → grad-sync → TCP → grad-peer → back.
+    // Communication thread: main → comm-allreduce → TCP → comm-peer → back.
     let (grad_tx, grad_rx) = mpsc::sync_channel::<Vec<f32>>(1);
     let (reduced_tx, reduced_rx) = mpsc::sync_channel::<Vec<f32>>(1);
-    let sync = spawn("grad-sync", move || {
+    let sync = spawn("comm-allreduce", move || {
         let Ok(mut s) = TcpStream::connect(addr) else {
             return;
         };
@@ -264,9 +312,11 @@ fn main() {
     stop.store(true, Ordering::Relaxed);
     drop(grad_tx);
     drop(batch_rx);
-    for l in loaders {
-        let _ = l.join();
+    for mut w in workers {
+        let _ = w.kill();
+        let _ = w.wait();
     }
+    let _ = pin.join();
     let _ = sync.join();
     let _ = peer.join();
     let log_samples = logger.join().unwrap_or(0);

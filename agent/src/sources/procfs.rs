@@ -1,0 +1,149 @@
+//! Reads of `/proc`: the process tree (parents, names), used to seed the job's process set, to
+//! find processes that fork following missed, and for names of processes the probes have not
+//! seen yet; and each process's cgroups.
+
+use std::collections::BTreeSet;
+
+/// One process as `/proc` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcInfo {
+    /// Process id.
+    pub pid: u32,
+    /// Parent process id.
+    pub ppid: u32,
+    /// Name (`comm`).
+    pub name: String,
+}
+
+/// Parent pid and name of `pid` from `/proc/<pid>/stat` (`None` once it is gone).
+pub fn stat(pid: u32) -> Option<ProcInfo> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(pid, &text)
+}
+
+/// Parses `/proc/<pid>/stat`. The name is in parentheses and may itself contain spaces and
+/// parentheses, so the fields after it are found from the last `)`.
+pub fn parse_stat(pid: u32, text: &str) -> Option<ProcInfo> {
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let name = text.get(open + 1..close)?.to_owned();
+    let ppid = text
+        .get(close + 1..)?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(ProcInfo { pid, ppid, name })
+}
+
+/// Every process now.
+pub fn scan() -> Vec<ProcInfo> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(stat)
+        .collect()
+}
+
+/// Adds every live descendant of a pid already in `tree` to it.
+pub fn add_descendants(tree: &mut BTreeSet<u32>) {
+    let all = scan();
+    // Repeat until nothing is added, so grandchildren listed before their parent are found.
+    loop {
+        let before = tree.len();
+        for p in &all {
+            if !tree.contains(&p.pid) && tree.contains(&p.ppid) {
+                tree.insert(p.pid);
+            }
+        }
+        if tree.len() == before {
+            break;
+        }
+    }
+}
+
+/// One line of `/proc/<pid>/cgroup`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CgroupLine {
+    /// Hierarchy id (0 for cgroup v2).
+    pub hierarchy: u32,
+    /// Controllers of a v1 hierarchy (`cpu`, `cpuacct`, ...); empty for v2.
+    pub controllers: Vec<String>,
+    /// Path inside the hierarchy.
+    pub path: String,
+}
+
+/// Parses `/proc/<pid>/cgroup`.
+pub fn parse_cgroups(text: &str) -> Vec<CgroupLine> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let hierarchy = f.next()?.parse().ok()?;
+            let controllers = f
+                .next()?
+                .split(',')
+                .filter(|c| !c.is_empty())
+                .map(str::to_owned)
+                .collect();
+            let path = f.next()?.to_owned();
+            Some(CgroupLine {
+                hierarchy,
+                controllers,
+                path,
+            })
+        })
+        .collect()
+}
+
+/// The cgroups of `pid` (empty once it is gone).
+pub fn cgroups(pid: u32) -> Vec<CgroupLine> {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .map(|t| parse_cgroups(&t))
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_with_odd_names() {
+        let p = parse_stat(7, "7 (a) b (c)) S 3 7 7 0 -1").expect("parse");
+        assert_eq!((p.ppid, p.name.as_str()), (3, "a) b (c)"));
+        assert_eq!(parse_stat(7, "garbage"), None);
+    }
+
+    #[test]
+    fn parent_of_self_is_our_parent() {
+        // SAFETY: getppid has no preconditions.
+        let parent = unsafe { libc::getppid() } as u32;
+        assert_eq!(stat(std::process::id()).map(|p| p.ppid), Some(parent));
+    }
+
+    #[test]
+    fn descendants_include_a_grandchild() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 2 & wait"])
+            .spawn()
+            .expect("sh");
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let mut tree = BTreeSet::from([child.id()]);
+        add_descendants(&mut tree);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(tree.len() >= 2, "{tree:?}");
+    }
+
+    #[test]
+    fn cgroup_lines_v1_and_v2() {
+        let text = "12:pids:/user.slice\n4:cpu,cpuacct:/job/a\n0::/system.slice/x.service\n";
+        let lines = parse_cgroups(text);
+        assert_eq!(lines.len(), 3);
+        assert_eq!(lines[1].controllers, ["cpu", "cpuacct"]);
+        assert_eq!(lines[1].path, "/job/a");
+        assert_eq!(lines[2].hierarchy, 0);
+        assert!(lines[2].controllers.is_empty());
+    }
+}
