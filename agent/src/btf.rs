@@ -9,16 +9,20 @@
 
 use std::{collections::HashMap, path::Path};
 
+use slo_probe_common::SockOffsets;
+
 /// Where the running kernel exposes its BTF.
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 const BTF_MAGIC: u16 = 0xeb9f;
 
 const KIND_INT: u32 = 1;
+const KIND_PTR: u32 = 2;
 const KIND_ARRAY: u32 = 3;
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
 const KIND_ENUM: u32 = 6;
+const KIND_TYPEDEF: u32 = 8;
 const KIND_FUNC_PROTO: u32 = 13;
 const KIND_VAR: u32 = 14;
 const KIND_DATASEC: u32 = 15;
@@ -84,6 +88,19 @@ enum Type {
         name_off: u32,
         members: Vec<Member>,
     },
+    /// Typedef: its name and target.
+    Typedef {
+        name_off: u32,
+        target: u32,
+    },
+    /// Pointer: its target.
+    Ptr {
+        target: u32,
+    },
+    /// Function prototype: its parameter count.
+    FuncProto {
+        params: u32,
+    },
     Other,
 }
 
@@ -93,6 +110,7 @@ pub struct Btf {
     /// types[id - 1]
     types: Vec<Type>,
     structs_by_name: HashMap<String, u32>,
+    typedefs_by_name: HashMap<String, u32>,
 }
 
 struct Reader<'a> {
@@ -178,7 +196,7 @@ impl Btf {
         while r.pos < type_data.len() {
             let name_off = r.u32()?;
             let info = r.u32()?;
-            let _size_or_type = r.u32()?;
+            let size_or_type = r.u32()?;
             let vlen = (info & 0xffff) as usize;
             let kind = (info >> 24) & 0x1f;
             let kind_flag = info >> 31 == 1;
@@ -211,16 +229,29 @@ impl Btf {
                     r.skip(12)?;
                     Type::Other
                 }
-                KIND_ENUM | KIND_FUNC_PROTO => {
+                KIND_ENUM => {
                     r.skip(8 * vlen)?;
                     Type::Other
+                }
+                KIND_FUNC_PROTO => {
+                    r.skip(8 * vlen)?;
+                    Type::FuncProto {
+                        params: vlen as u32,
+                    }
                 }
                 KIND_DATASEC | KIND_ENUM64 => {
                     r.skip(12 * vlen)?;
                     Type::Other
                 }
-                // PTR, FWD, TYPEDEF, VOLATILE, CONST, RESTRICT, FUNC, FLOAT, TYPE_TAG: no tail.
-                2 | 7 | 8 | 9 | 10 | 11 | 12 | 16 | 18 => Type::Other,
+                KIND_PTR => Type::Ptr {
+                    target: size_or_type,
+                },
+                KIND_TYPEDEF => Type::Typedef {
+                    name_off,
+                    target: size_or_type,
+                },
+                // FWD, VOLATILE, CONST, RESTRICT, FUNC, FLOAT, TYPE_TAG: no tail.
+                7 | 9 | 10 | 11 | 12 | 16 | 18 => Type::Other,
                 _ => {
                     return Err(BtfError::Malformed {
                         what: "unknown type kind",
@@ -234,19 +265,24 @@ impl Btf {
             strings,
             types,
             structs_by_name: HashMap::new(),
+            typedefs_by_name: HashMap::new(),
         };
-        let mut by_name = HashMap::new();
+        let mut structs = HashMap::new();
+        let mut typedefs = HashMap::new();
         for (i, ty) in btf.types.iter().enumerate() {
-            if let Type::Composite { name_off, .. } = ty {
-                if *name_off != 0 {
-                    // Keep the first definition, as libbpf does for duplicate names.
-                    by_name
-                        .entry(btf.string(*name_off).to_owned())
-                        .or_insert(i as u32 + 1);
-                }
+            let (map, name_off) = match ty {
+                Type::Composite { name_off, .. } => (&mut structs, *name_off),
+                Type::Typedef { name_off, .. } => (&mut typedefs, *name_off),
+                _ => continue,
+            };
+            if name_off != 0 {
+                // Keep the first definition, as libbpf does for duplicate names.
+                map.entry(btf.string(name_off).to_owned())
+                    .or_insert(i as u32 + 1);
             }
         }
-        btf.structs_by_name = by_name;
+        btf.structs_by_name = structs;
+        btf.typedefs_by_name = typedefs;
         Ok(btf)
     }
 
@@ -254,6 +290,27 @@ impl Btf {
         let rest = self.strings.get(off as usize..).unwrap_or_default();
         let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
         std::str::from_utf8(&rest[..end]).unwrap_or("")
+    }
+
+    fn ty(&self, id: u32) -> Option<&Type> {
+        (id as usize).checked_sub(1).and_then(|i| self.types.get(i))
+    }
+
+    /// Number of arguments of BTF tracepoint `name` (what a `tp_btf` program may read), from
+    /// the kernel's `btf_trace_<name>` typedef: a pointer to a prototype whose first parameter
+    /// is the tracepoint's private data.
+    pub fn tracepoint_args(&self, name: &str) -> Option<u32> {
+        let id = *self.typedefs_by_name.get(&format!("btf_trace_{name}"))?;
+        let Some(Type::Typedef { target, .. }) = self.ty(id) else {
+            return None;
+        };
+        let Some(Type::Ptr { target }) = self.ty(*target) else {
+            return None;
+        };
+        match self.ty(*target) {
+            Some(Type::FuncProto { params }) => params.checked_sub(1),
+            _ => None,
+        }
     }
 
     /// Byte offset of `strukt.member`, looking through anonymous struct and union members.
@@ -293,8 +350,7 @@ impl Btf {
                 what: "anonymous members nested too deep",
             });
         }
-        let ty = (id as usize).checked_sub(1).and_then(|i| self.types.get(i));
-        let Some(Type::Composite { members, .. }) = ty else {
+        let Some(Type::Composite { members, .. }) = self.ty(id) else {
             return Ok(None);
         };
         for m in members {
@@ -340,6 +396,25 @@ impl TaskOffsets {
             comm: btf.member_offset("task_struct", "comm")?,
         })
     }
+}
+
+/// The network programs' kernel offsets (see [`SockOffsets`]).
+pub fn sock_offsets(btf: &Btf) -> Result<SockOffsets, BtfError> {
+    let sc = |m| btf.member_offset("sock_common", m);
+    Ok(SockOffsets {
+        daddr: sc("skc_daddr")?,
+        rcv_saddr: sc("skc_rcv_saddr")?,
+        dport: sc("skc_dport")?,
+        num: sc("skc_num")?,
+        family: sc("skc_family")?,
+        state: sc("skc_state")?,
+        v6_daddr: sc("skc_v6_daddr")?,
+        v6_rcv_saddr: sc("skc_v6_rcv_saddr")?,
+        skb_cb: btf.member_offset("sk_buff", "cb")?,
+        tcp_gso_segs: btf.member_offset("tcp_skb_cb", "tcp_gso_segs")?,
+        retransmit_has_err: u32::from(btf.tracepoint_args("tcp_retransmit_skb") == Some(3)),
+        _pad: 0,
+    })
 }
 
 #[cfg(test)]
@@ -420,5 +495,12 @@ mod tests {
         let off = TaskOffsets::from_btf(&btf).expect("task_struct offsets");
         assert!(off.pid > 0 && off.tgid == off.pid + 4, "{off:?}");
         assert!(off.comm > off.tgid, "{off:?}");
+        let sock = sock_offsets(&btf).expect("sock offsets");
+        // seq and end_seq come first in tcp_skb_cb; the address pair opens sock_common.
+        assert_eq!(sock.tcp_gso_segs, 8, "{sock:?}");
+        assert_eq!((sock.daddr, sock.rcv_saddr), (0, 4), "{sock:?}");
+        assert_eq!(btf.tracepoint_args("sched_switch"), Some(4));
+        assert_eq!(btf.tracepoint_args("sched_wakeup"), Some(1));
+        assert_eq!(btf.tracepoint_args("no_such_tracepoint"), None);
     }
 }

@@ -26,7 +26,7 @@ pub mod net;
 pub mod proc;
 pub mod sched;
 
-pub use net::{ConnStats, NetTpOffsets, TcpRetransmitRecord, TcpTuple, CONN_CLOSED};
+pub use net::{ConnStats, NetTpOffsets, SockOffsets, TcpRetransmitRecord, TcpTuple, CONN_CLOSED};
 pub use proc::{ProcessEventRecord, PROC_EXEC, PROC_EXIT, PROC_FORK};
 pub use sched::{
     log2_slot, RunqLatencyRecord, ThreadStats, RUNQ_FLAG_PREEMPTED, RUNQ_SLOTS, THREAD_EXITED,

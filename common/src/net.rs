@@ -1,7 +1,8 @@
 //! TCP: retransmits per connection with the owning process and thread, smoothed RTT and
-//! congestion window sampled from `tcp_probe`. Produced by `ebpf/src/net.rs` from the classic
-//! tracepoints `tcp/tcp_retransmit_skb`, `tcp/tcp_probe`, `sock/inet_sock_set_state`,
-//! `sock/sock_send_length` and `sock/sock_recv_length` (tracefs needed for attach).
+//! congestion window sampled from `tcp_probe`. Produced by `ebpf/src/net.rs` from the BTF
+//! tracepoint `tcp_retransmit_skb` and the classic tracepoints `tcp/tcp_probe`,
+//! `sock/inet_sock_set_state`, `sock/sock_send_length` and `sock/sock_recv_length` (tracefs
+//! needed for their attach).
 //!
 //! Addresses are 16 bytes: IPv6 as is, IPv4 in the first 4 bytes with the rest zero; ports are
 //! in host byte order.
@@ -38,7 +39,7 @@ const _: () = assert!(size_of::<TcpTuple>() == 40);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TcpRetransmitRecord {
-    /// `{ kind: TcpRetransmit, version: 1, len: 88 }`.
+    /// `{ kind: TcpRetransmit, version: 1, len: 80 }`.
     pub header: RecordHeader,
     /// CLOCK_MONOTONIC ns of the retransmission.
     pub ts_ns: u64,
@@ -52,8 +53,8 @@ pub struct TcpRetransmitRecord {
     pub tuple: TcpTuple,
     /// TCP state (`TCP_ESTABLISHED` = 1, `TCP_SYN_SENT` = 2, ...).
     pub state: u32,
-    /// Explicit padding; always 0.
-    pub _pad: u32,
+    /// Segments retransmitted (one socket buffer can carry several under TSO/GSO).
+    pub segments: u32,
 }
 const _: () = assert!(size_of::<TcpRetransmitRecord>() == 80);
 
@@ -81,7 +82,7 @@ pub struct ConnStats {
     pub tgid: u32,
     /// Owning thread; 0 if unknown.
     pub tid: u32,
-    /// Retransmitted segments.
+    /// Retransmitted segments (as `TCP_INFO.tcpi_total_retrans` counts them).
     pub retransmits: u64,
     /// Smoothed RTT at the last `tcp_probe`, µs.
     pub srtt_us: u32,
@@ -110,24 +111,6 @@ mod pod {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct NetTpOffsets {
-    /// `tcp_retransmit_skb.skaddr`.
-    pub retrans_skaddr: u32,
-    /// `tcp_retransmit_skb.state`.
-    pub retrans_state: u32,
-    /// `tcp_retransmit_skb.sport`.
-    pub retrans_sport: u32,
-    /// `tcp_retransmit_skb.dport`.
-    pub retrans_dport: u32,
-    /// `tcp_retransmit_skb.family`.
-    pub retrans_family: u32,
-    /// `tcp_retransmit_skb.saddr` (IPv4).
-    pub retrans_saddr: u32,
-    /// `tcp_retransmit_skb.daddr` (IPv4).
-    pub retrans_daddr: u32,
-    /// `tcp_retransmit_skb.saddr_v6`.
-    pub retrans_saddr_v6: u32,
-    /// `tcp_retransmit_skb.daddr_v6`.
-    pub retrans_daddr_v6: u32,
     /// `sock_send_length.sk` (also `sock_recv_length`: the two share a format).
     pub sock_sk: u32,
     /// `sock_send_length.family`.
@@ -172,13 +155,45 @@ pub struct NetTpOffsets {
     pub probe_saddr: u32,
     /// `tcp_probe.daddr` (a `sockaddr_in` or `sockaddr_in6`).
     pub probe_daddr: u32,
+}
+const _: () = assert!(size_of::<NetTpOffsets>() == 88);
+
+/// Byte offsets in kernel structs that the BTF network programs read, from kernel BTF (the agent
+/// patches them in as the global `SOCK_OFFSETS`; 0 in `skb_cb` means unknown).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SockOffsets {
+    /// `sock_common.skc_daddr` (remote IPv4, network order).
+    pub daddr: u32,
+    /// `sock_common.skc_rcv_saddr` (local IPv4).
+    pub rcv_saddr: u32,
+    /// `sock_common.skc_dport` (remote port, network order).
+    pub dport: u32,
+    /// `sock_common.skc_num` (local port, host order).
+    pub num: u32,
+    /// `sock_common.skc_family`.
+    pub family: u32,
+    /// `sock_common.skc_state`.
+    pub state: u32,
+    /// `sock_common.skc_v6_daddr`.
+    pub v6_daddr: u32,
+    /// `sock_common.skc_v6_rcv_saddr`.
+    pub v6_rcv_saddr: u32,
+    /// `sk_buff.cb`.
+    pub skb_cb: u32,
+    /// `tcp_skb_cb.tcp_gso_segs` (segments in a buffer, `tcp_skb_pcount`).
+    pub tcp_gso_segs: u32,
+    /// 1 when `tcp_retransmit_skb` has its third argument, `err` (kernel 6.11+).
+    pub retransmit_has_err: u32,
     /// Explicit padding; always 0.
     pub _pad: u32,
 }
-const _: () = assert!(size_of::<NetTpOffsets>() == 128);
+const _: () = assert!(size_of::<SockOffsets>() == 48);
 
 #[cfg(feature = "user")]
 mod pod_offsets {
-    // SAFETY: plain old data (size pinned above).
+    // SAFETY: plain old data (sizes pinned above).
     unsafe impl aya::Pod for super::NetTpOffsets {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SockOffsets {}
 }

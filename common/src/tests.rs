@@ -225,7 +225,7 @@ fn process_and_tcp_records_round_trip() {
             _pad: 0,
         },
         state: 1,
-        _pad: 0,
+        segments: 2,
     };
     let mut buf = Vec::new();
     buf.extend_from_slice(p.as_bytes());

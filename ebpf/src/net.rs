@@ -1,38 +1,35 @@
 //! TCP per connection and per thread: payload bytes per thread (`sock_send_length`,
 //! `sock_recv_length`, process context), connection ownership (the last followed thread that
 //! used the socket), endpoints (`inet_sock_set_state`, `tcp_probe`), smoothed RTT and congestion
-//! window (`tcp_probe`), retransmits (`tcp_retransmit_skb`, which runs in softirq or timer
-//! context, hence the ownership map). Retransmits are also sent one by one through `NET_EVENTS`.
+//! window (`tcp_probe`), retransmitted segments (`tcp_retransmit_skb`, which runs in softirq or
+//! timer context, hence the ownership map). Retransmits are also sent one by one through
+//! `NET_EVENTS`.
 //!
-//! Classic tracepoints: attaching needs tracefs, and field offsets come from the agent, which
-//! reads them from each tracepoint's `format` file (`NET_TP_OFFSETS`).
+//! The classic tracepoints need tracefs to attach, and their field offsets come from the agent,
+//! which reads each tracepoint's `format` file (`NET_TP_OFFSETS`). `tcp_retransmit_skb` is a BTF
+//! tracepoint (the agent's `NET_BTF_PROGRAMS` says why), reading `sock_common` through offsets
+//! the agent takes from BTF (`SOCK_OFFSETS`).
 
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
-    macros::{map, tracepoint},
+    macros::{btf_tracepoint, map, tracepoint},
     maps::{HashMap, RingBuf},
-    programs::TracePointContext,
+    programs::{BtfTracePointContext, TracePointContext},
     EbpfContext,
 };
 use slo_probe_common::{
     net::{AF_INET, AF_INET6},
-    ConnStats, Counter, NetTpOffsets, RecordHeader, TcpRetransmitRecord, TcpTuple, CONN_CLOSED,
+    ConnStats, Counter, NetTpOffsets, RecordHeader, SockOffsets, TcpRetransmitRecord, TcpTuple,
+    CONN_CLOSED,
 };
 
-use crate::shared::{count, global, is_tracked, BPF_NOEXIST, BPF_RB_NO_WAKEUP, THREADS};
+use crate::shared::{
+    count, global, is_tracked, read_kernel, BPF_NOEXIST, BPF_RB_NO_WAKEUP, FILTER_TRACKED, THREADS,
+};
 
 /// Offsets of the tracepoint fields (patched by the agent).
 #[unsafe(no_mangle)]
 static NET_TP_OFFSETS: NetTpOffsets = NetTpOffsets {
-    retrans_skaddr: 0,
-    retrans_state: 0,
-    retrans_sport: 0,
-    retrans_dport: 0,
-    retrans_family: 0,
-    retrans_saddr: 0,
-    retrans_daddr: 0,
-    retrans_saddr_v6: 0,
-    retrans_daddr_v6: 0,
     sock_sk: 0,
     sock_family: 0,
     sock_protocol: 0,
@@ -55,6 +52,22 @@ static NET_TP_OFFSETS: NetTpOffsets = NetTpOffsets {
     probe_family: 0,
     probe_saddr: 0,
     probe_daddr: 0,
+};
+
+/// Offsets in `sock_common`, `sk_buff` and `tcp_skb_cb` (patched by the agent from BTF).
+#[unsafe(no_mangle)]
+static SOCK_OFFSETS: SockOffsets = SockOffsets {
+    daddr: 0,
+    rcv_saddr: 0,
+    dport: 0,
+    num: 0,
+    family: 0,
+    state: 0,
+    v6_daddr: 0,
+    v6_rcv_saddr: 0,
+    skb_cb: 0,
+    tcp_gso_segs: 0,
+    retransmit_has_err: 0,
     _pad: 0,
 };
 
@@ -264,31 +277,33 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
     0
 }
 
-#[tracepoint(category = "tcp", name = "tcp_retransmit_skb")]
-pub fn tcp_retransmit_skb(ctx: TracePointContext) -> u32 {
-    let o = offsets();
-    let Some(sk) = field::<u64>(&ctx, o.retrans_skaddr) else {
+/// TP_PROTO(const struct sock *sk, const struct sk_buff *skb[, int err]) (err: 6.11+, when
+/// the tracepoint also fires for failed attempts). Runs in softirq or timer context: the owner
+/// comes from `CONNS`, the endpoints from the socket.
+#[btf_tracepoint(function = "tcp_retransmit_skb")]
+pub fn tcp_retransmit_skb(ctx: BtfTracePointContext) -> i32 {
+    let o = global(&SOCK_OFFSETS);
+    if o.retransmit_has_err != 0 && ctx.arg::<i32>(2) != 0 {
         return 0;
-    };
+    }
+    let sk: *const u8 = ctx.arg(0);
+    let skb: *const u8 = ctx.arg(1);
     // Unfollowed sockets are counted only when the whole node is followed (owner unknown).
-    let Some(c) = conn(sk, global(&crate::shared::FILTER_TRACKED) == 0, 0, 0) else {
+    let Some(c) = conn(sk as u64, global(&FILTER_TRACKED) == 0, 0, 0) else {
         return 0;
     };
+    // One buffer can carry several segments (TSO/GSO): count them as TCP_INFO does.
+    let segments = u32::from(
+        read_kernel::<u16>(skb, o.skb_cb + o.tcp_gso_segs)
+            .unwrap_or(1)
+            .max(1),
+    );
     let now = unsafe { bpf_ktime_get_ns() };
-    let state = field::<i32>(&ctx, o.retrans_state).unwrap_or(0) as u32;
+    let state = u32::from(read_kernel::<u8>(sk, o.state).unwrap_or(0));
     // SAFETY: pointer from a map lookup. Retransmits of one socket run under its lock.
     let (tuple, tgid, tid) = unsafe {
-        let family = field::<u16>(&ctx, o.retrans_family).unwrap_or(0);
-        read_tuple_v4v6(
-            &ctx,
-            family,
-            (o.retrans_saddr, o.retrans_daddr),
-            (o.retrans_saddr_v6, o.retrans_daddr_v6),
-            &mut (*c).tuple,
-        );
-        (*c).tuple.sport = field::<u16>(&ctx, o.retrans_sport).unwrap_or(0);
-        (*c).tuple.dport = field::<u16>(&ctx, o.retrans_dport).unwrap_or(0);
-        (*c).retransmits += 1;
+        read_sock_tuple(sk, &o, &mut (*c).tuple);
+        (*c).retransmits += u64::from(segments);
         (*c).last_ts = now;
         ((*c).tuple, (*c).tgid, (*c).tid)
     };
@@ -299,15 +314,45 @@ pub fn tcp_retransmit_skb(ctx: TracePointContext) -> u32 {
     entry.write(TcpRetransmitRecord {
         header: RecordHeader::of::<TcpRetransmitRecord>(),
         ts_ns: now,
-        skaddr: sk,
+        skaddr: sk as u64,
         tgid,
         tid,
         tuple,
         state,
-        _pad: 0,
+        segments,
     });
     entry.submit(BPF_RB_NO_WAKEUP);
     0
+}
+
+/// The endpoints of a socket, from `sock_common`.
+#[inline(always)]
+fn read_sock_tuple(sk: *const u8, o: &SockOffsets, tuple: &mut TcpTuple) {
+    let family = read_kernel::<u16>(sk, o.family).unwrap_or(0);
+    if family == AF_INET {
+        if let (Some(s), Some(d)) = (
+            read_kernel::<[u8; 4]>(sk, o.rcv_saddr),
+            read_kernel::<[u8; 4]>(sk, o.daddr),
+        ) {
+            tuple.saddr = [0; 16];
+            tuple.daddr = [0; 16];
+            tuple.saddr[..4].copy_from_slice(&s);
+            tuple.daddr[..4].copy_from_slice(&d);
+        }
+    } else if family == AF_INET6 {
+        if let (Some(s), Some(d)) = (
+            read_kernel::<[u8; 16]>(sk, o.v6_rcv_saddr),
+            read_kernel::<[u8; 16]>(sk, o.v6_daddr),
+        ) {
+            tuple.saddr = s;
+            tuple.daddr = d;
+        }
+    } else {
+        return;
+    }
+    tuple.family = family;
+    tuple.sport = read_kernel::<u16>(sk, o.num).unwrap_or(0);
+    tuple.dport = u16::from_be(read_kernel::<u16>(sk, o.dport).unwrap_or(0));
 }
 
 #[tracepoint(category = "tcp", name = "tcp_probe")]

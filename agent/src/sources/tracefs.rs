@@ -1,4 +1,4 @@
-//! Classic tracepoint formats: the field offsets of the network tracepoints, read from
+//! Classic tracepoint formats: the field offsets of the classic network tracepoints, read from
 //! `/sys/kernel/tracing/events/<category>/<name>/format` so that the eBPF programs read the right
 //! bytes on any kernel (the offsets moved between releases).
 
@@ -89,20 +89,6 @@ pub fn net_offsets(
     mut format: impl FnMut(&str) -> Result<HashMap<String, (u32, u32)>, FormatError>,
 ) -> Result<NetTpOffsets, FormatError> {
     let mut o = NetTpOffsets::default();
-    {
-        let tp = "tcp/tcp_retransmit_skb";
-        let f = format(tp)?;
-        let get = |field, size| lookup(&f, tp, field, size);
-        o.retrans_skaddr = get("skaddr", 8)?;
-        o.retrans_state = get("state", 4)?;
-        o.retrans_sport = get("sport", 2)?;
-        o.retrans_dport = get("dport", 2)?;
-        o.retrans_family = get("family", 2)?;
-        o.retrans_saddr = get("saddr", 4)?;
-        o.retrans_daddr = get("daddr", 4)?;
-        o.retrans_saddr_v6 = get("saddr_v6", 16)?;
-        o.retrans_daddr_v6 = get("daddr_v6", 16)?;
-    }
     for tp in ["sock/sock_send_length", "sock/sock_recv_length"] {
         let f = format(tp)?;
         let get = |field, size| lookup(&f, tp, field, size);
@@ -191,8 +177,6 @@ mod tests {
     #[test]
     fn offsets_from_recorded_formats() {
         let o = net_offsets(fixture).expect("offsets");
-        assert_eq!(o.retrans_skaddr, 16);
-        assert_eq!(o.retrans_saddr_v6, 42);
         assert_eq!(o.sock_ret, 20);
         assert_eq!(o.state_newstate, 20);
         assert_eq!(o.probe_srtt, 100);

@@ -19,7 +19,7 @@ use aya::{
     programs::{BtfTracePoint, ProgramError, TracePoint},
     Btf, Ebpf, EbpfLoader,
 };
-use slo_probe_common::{ConnStats, Counter, ThreadStats, CONN_CLOSED, THREAD_EXITED};
+use slo_probe_common::{ConnStats, Counter, SockOffsets, ThreadStats, CONN_CLOSED, THREAD_EXITED};
 use slo_probe_core::{net::ConnRead, snapshot::ProbeStatus, threads::ThreadRead};
 
 use crate::{
@@ -41,14 +41,17 @@ pub const SCHED_PROGRAMS: [&str; 4] = [
 ];
 /// The process-tree programs.
 pub const PROC_PROGRAMS: [&str; 2] = ["sched_process_fork", "sched_process_exec"];
-/// The network programs: (program, category, tracepoint).
-pub const NET_PROGRAMS: [(&str, &str, &str); 5] = [
+/// The network programs on classic tracepoints: (program, category, tracepoint).
+pub const NET_PROGRAMS: [(&str, &str, &str); 4] = [
     ("sock_send_length", "sock", "sock_send_length"),
     ("sock_recv_length", "sock", "sock_recv_length"),
     ("inet_sock_set_state", "sock", "inet_sock_set_state"),
     ("tcp_probe", "tcp", "tcp_probe"),
-    ("tcp_retransmit_skb", "tcp", "tcp_retransmit_skb"),
 ];
+/// The network programs on BTF tracepoints. Retransmits run in softirq context, where a classic
+/// tracepoint program is skipped whenever another one is running on the CPU (the shared
+/// `bpf_prog_active` guard); BTF tracepoints only skip their own recursion, so none is missed.
+pub const NET_BTF_PROGRAMS: [&str; 1] = ["tcp_retransmit_skb"];
 
 /// Errors of the eBPF source.
 #[derive(Debug, thiserror::Error)]
@@ -206,9 +209,13 @@ impl Probes {
 
     /// Loads the object and attaches the selected programs.
     pub fn load_selected(settings: &EbpfSettings, sel: &Selection) -> Result<Self, EbpfError> {
-        let offsets =
-            TaskOffsets::from_btf(&crate::btf::Btf::from_sys_fs().map_err(EbpfError::Offsets)?)
-                .map_err(EbpfError::Offsets)?;
+        let kernel_btf = crate::btf::Btf::from_sys_fs().map_err(EbpfError::Offsets)?;
+        let offsets = TaskOffsets::from_btf(&kernel_btf).map_err(EbpfError::Offsets)?;
+        let sock = if settings.net {
+            crate::btf::sock_offsets(&kernel_btf).map_err(|e| crate::error_chain(&e))
+        } else {
+            Ok(SockOffsets::default())
+        };
         let net_offsets = if settings.net {
             tracefs::net_offsets(|tp| tracefs::read_format(Path::new(TRACEFS), tp))
         } else {
@@ -217,6 +224,7 @@ impl Probes {
         let threshold_ns = u64::try_from(settings.outlier_threshold.as_nanos()).unwrap_or(u64::MAX);
         let filter = u32::from(settings.targets.is_some());
         let patched_net = net_offsets.as_ref().copied().unwrap_or_default();
+        let patched_sock = sock.as_ref().copied().unwrap_or_default();
         let mut ebpf = EbpfLoader::new()
             .override_global("TASK_PID_OFFSET", &offsets.pid, true)
             .override_global("TASK_TGID_OFFSET", &offsets.tgid, true)
@@ -224,6 +232,7 @@ impl Probes {
             .override_global("RUNQ_OUTLIER_NS", &threshold_ns, true)
             .override_global("FILTER_TRACKED", &filter, true)
             .override_global("NET_TP_OFFSETS", &patched_net, true)
+            .override_global("SOCK_OFFSETS", &patched_sock, true)
             .map_max_entries("THREADS", settings.max_threads)
             .map_max_entries("CONNS", settings.max_conns)
             .map_max_entries("RUNQ_EVENTS", settings.ring_bytes)
@@ -263,12 +272,19 @@ impl Probes {
         } else {
             let attached = net_offsets
                 .map_err(|e| crate::error_chain(&e))
-                .and_then(|_| {
+                .and(sock.map(|_| ()))
+                .and_then(|()| {
                     NET_PROGRAMS
                         .into_iter()
                         .filter(|(n, _, _)| sel.wants(n))
                         .try_for_each(|(name, category, tp)| {
                             attach_tracepoint(&mut ebpf, name, category, tp)
+                        })
+                        .and_then(|()| {
+                            NET_BTF_PROGRAMS
+                                .into_iter()
+                                .filter(|n| sel.wants(n))
+                                .try_for_each(|name| attach_btf(&mut ebpf, name, &btf))
                         })
                         .map_err(|e| crate::error_chain(&e))
                 });
