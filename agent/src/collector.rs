@@ -241,15 +241,15 @@ impl Collector {
         let mut pressure = Vec::new();
         if let Some(m) = &self.cgroups {
             let mut roles: BTreeMap<u32, BTreeSet<Role>> = BTreeMap::new();
-            let pids: BTreeSet<u32> = match &threads {
-                Some(t) => {
-                    for g in &t.groups {
-                        roles.entry(g.pid).or_default().insert(g.role);
-                    }
-                    t.processes.iter().map(|p| p.pid).collect()
+            // The job's processes: those the tree knows (some may not have run since attach)
+            // and those with threads in the table (recently exited ones too).
+            let mut pids = self.tree.job_pids();
+            if let Some(t) = &threads {
+                for g in &t.groups {
+                    roles.entry(g.pid).or_default().insert(g.role);
                 }
-                None => self.tree.job_pids(),
-            };
+                pids.extend(t.processes.iter().map(|p| p.pid));
+            }
             self.cgroup_members.retain(|pid, _| pids.contains(pid));
             for pid in pids {
                 if let std::collections::btree_map::Entry::Vacant(e) =

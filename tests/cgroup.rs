@@ -1,0 +1,183 @@
+//! Root tier: CPU throttling of a cgroup the test creates with a small quota (10 ms of CPU per
+//! 100 ms), followed through the agent's collector with the cgroup as its target. Independent
+//! measures: the busy process's own CPU time (`getrusage(RUSAGE_CHILDREN)`) against the wall
+//! time it ran (with one busy thread, the time throttled is the time not on a CPU), the number of
+//! periods in that wall time, and the eBPF run-queue wait of the throttled thread.
+
+use std::{
+    io::Write,
+    path::PathBuf,
+    process::{Command, Stdio},
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use slo_probe::{collector::Collector, config::Config, sources::cgroup::CgroupMounts};
+use slo_probe_core::roles::Role;
+use slo_probe_tests::root_or_skip;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const QUOTA_US: u64 = 10_000;
+const PERIOD_US: u64 = 100_000;
+const RUN_S: f64 = 1.5;
+
+/// A cgroup with a CPU quota; removed on drop.
+struct LimitedCgroup {
+    dir: PathBuf,
+    /// Path as `/proc/<pid>/cgroup` shows it.
+    path: String,
+}
+
+impl LimitedCgroup {
+    fn new(mounts: &CgroupMounts) -> Option<Self> {
+        let name = format!("slo-probe-test-{}", std::process::id());
+        if let Some(root) = &mounts.v1_cpu {
+            let dir = root.join(&name);
+            let _ = std::fs::remove_dir(&dir);
+            std::fs::create_dir(&dir).expect("mkdir cgroup");
+            std::fs::write(dir.join("cpu.cfs_period_us"), PERIOD_US.to_string()).expect("period");
+            std::fs::write(dir.join("cpu.cfs_quota_us"), QUOTA_US.to_string()).expect("quota");
+            return Some(Self {
+                dir,
+                path: format!("/{name}"),
+            });
+        }
+        let root = mounts.v2.as_ref()?;
+        let controllers = std::fs::read_to_string(root.join("cgroup.controllers")).ok()?;
+        if !controllers.split_whitespace().any(|c| c == "cpu") {
+            return None;
+        }
+        let _ = std::fs::write(root.join("cgroup.subtree_control"), "+cpu");
+        let dir = root.join(&name);
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).expect("mkdir cgroup");
+        std::fs::write(dir.join("cpu.max"), format!("{QUOTA_US} {PERIOD_US}")).expect("cpu.max");
+        Some(Self {
+            dir,
+            path: format!("/{name}"),
+        })
+    }
+}
+
+impl Drop for LimitedCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+fn children_cpu_s() -> f64 {
+    let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: valid pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, u.as_mut_ptr()) };
+    // SAFETY: filled by getrusage.
+    let u = unsafe { u.assume_init() };
+    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    s(u.ru_utime) + s(u.ru_stime)
+}
+
+#[test]
+fn throttling_of_a_cgroup_with_a_small_quota() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !root_or_skip("cgroup_throttling") {
+        return;
+    }
+    let mounts = CgroupMounts::detect();
+    let Some(cg) = LimitedCgroup::new(&mounts) else {
+        eprintln!("skipped: no cgroup v1 cpu hierarchy and no v2 cpu controller on this kernel");
+        return;
+    };
+
+    // The busy process joins the cgroup, then waits for the go on stdin, then spins.
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {}/cgroup.procs && read go && exec timeout {RUN_S} sh -c 'while :; do :; done'",
+            cg.dir.display()
+        ))
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    std::thread::sleep(Duration::from_millis(200));
+
+    let mut config = Config::default();
+    config.target.cgroups = vec![cg.path.clone()];
+    config.agent.tick_ms = 200;
+    let mut collector = Collector::new(&config, false, false).expect("collector");
+    let before = collector.tick();
+    let row = |s: &slo_probe_core::snapshot::Snapshot| {
+        s.cgroups
+            .iter()
+            .find(|c| c.path == cg.path)
+            .cloned()
+            .unwrap_or_else(|| panic!("no row for {} in {:?}", cg.path, s.cgroups))
+    };
+    let start = row(&before).cpu.expect("cpu.stat");
+
+    let cpu0 = children_cpu_s();
+    let t0 = Instant::now();
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"go\n")
+        .expect("go");
+    while child.try_wait().expect("wait").is_none() {
+        std::thread::sleep(Duration::from_millis(200));
+        collector.tick();
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let cpu = children_cpu_s() - cpu0;
+    let after = collector.tick();
+    let end = row(&after);
+    let stat = end.cpu.expect("cpu.stat");
+
+    let throttled_s = (stat.throttled_ns - start.throttled_ns) as f64 / 1e9;
+    let throttled_periods = stat.nr_throttled - start.nr_throttled;
+    let periods = stat.nr_periods - start.nr_periods;
+    let expected_periods = wall / (PERIOD_US as f64 / 1e6);
+    // The busy thread's run-queue wait (it stays runnable while its group is throttled): the
+    // job's thread that waited longest.
+    let waited_s = after
+        .threads
+        .as_ref()
+        .expect("threads")
+        .threads
+        .iter()
+        .map(|t| t.counts.runq.total_ns)
+        .max()
+        .unwrap_or(0) as f64
+        / 1e9;
+    eprintln!(
+        "cgroup v{} {}: ran {wall:.2} s using {cpu:.3} s of CPU (limit {:?} CPUs) | agent: throttled \
+         {throttled_periods}/{periods} periods (expected about {expected_periods:.0}), \
+         {throttled_s:.3} s throttled vs {:.3} s off CPU | run-queue wait of the busy thread {waited_s:.3} s",
+        end.version,
+        end.path,
+        end.limit.and_then(|l| l.cpus()),
+        wall - cpu
+    );
+    assert_eq!(end.limit.and_then(|l| l.cpus()), Some(0.1));
+    assert!(
+        cpu < wall * 0.2,
+        "the quota did not hold: {cpu} s CPU in {wall} s"
+    );
+    assert!(
+        (throttled_periods as f64 - expected_periods).abs() <= 3.0,
+        "{throttled_periods} throttled periods in {wall} s"
+    );
+    // The wall time also covers starting `timeout` and the shell (fork, exec, about 0.1 s on
+    // this VM) before the loop spins, which is not throttled time: 10% + 150 ms.
+    let off = wall - cpu;
+    assert!(
+        (throttled_s - off).abs() <= off * 0.1 + 0.15,
+        "throttled {throttled_s} s vs off CPU {off} s"
+    );
+    // Two mechanisms, one effect: the kernel's throttled time (cpu.stat) and the eBPF run-queue
+    // wait of the throttled thread (runnable, not running) must agree closely.
+    assert!(
+        (waited_s - throttled_s).abs() <= throttled_s * 0.05 + 0.02,
+        "run-queue wait {waited_s} s vs throttled {throttled_s} s"
+    );
+    assert!(end.roles.contains(&Role::Main) || end.roles.contains(&Role::Other));
+}
