@@ -221,3 +221,40 @@ fn roles_of_a_real_multi_process_workload() {
         net.conns
     );
 }
+
+/// A missing piece disables its family only: with no tracefs where the config points, the TCP
+/// probes are down with a message that says what to do, and the scheduling probes still report.
+#[test]
+fn missing_tracefs_disables_only_the_tcp_probes() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !root_or_skip("degraded_tcp") {
+        return;
+    }
+    let mut config = Config::default();
+    config.probes.tcp.tracefs = "/nonexistent/tracing".into();
+    let mut collector = Collector::new(&config, false, false).expect("collector");
+    let spinner = Spinner::start();
+    std::thread::sleep(Duration::from_millis(300));
+    let s = collector.tick();
+    drop(spinner);
+    let status = |name: &str| {
+        s.probes
+            .iter()
+            .find(|p| p.name == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no status for {name}: {:?}", s.probes))
+    };
+    let tcp = status("tcp");
+    eprintln!("tcp probe: up={} reason: {}", tcp.up, tcp.reason);
+    assert!(!tcp.up);
+    assert!(
+        tcp.reason.contains("/nonexistent/tracing"),
+        "{}",
+        tcp.reason
+    );
+    assert!(tcp.reason.contains("mount -t tracefs"), "{}", tcp.reason);
+    assert!(status("runqueue").up);
+    assert!(s.net.is_none());
+    let t = s.threads.as_ref().expect("scheduling data still flows");
+    assert!(t.threads.iter().any(|th| th.counts.runq.count > 0));
+}

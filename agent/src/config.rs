@@ -197,6 +197,8 @@ pub struct TcpConfig {
     pub enabled: bool,
     /// Connection map capacity. Default [`DEFAULT_MAX_CONNS`].
     pub max_connections: u32,
+    /// tracefs mount point. Default [`crate::preflight::TRACEFS`].
+    pub tracefs: std::path::PathBuf,
 }
 
 impl Default for TcpConfig {
@@ -204,6 +206,7 @@ impl Default for TcpConfig {
         Self {
             enabled: true,
             max_connections: DEFAULT_MAX_CONNS,
+            tracefs: crate::preflight::TRACEFS.into(),
         }
     }
 }

@@ -405,7 +405,7 @@ pub fn report(obs: &Observation, command: &str, top: usize) -> String {
                 });
             let throttled = c.cpu.map_or("no bandwidth control".to_owned(), |st| {
                 format!(
-                    "throttled {}/{} periods, {}",
+                    "throttled {}/{} periods, {} since the cgroup was created",
                     st.nr_throttled,
                     st.nr_periods,
                     human_ns(st.throttled_ns as f64)
@@ -414,7 +414,7 @@ pub fn report(obs: &Observation, command: &str, top: usize) -> String {
             let roles: Vec<&str> = c.roles.iter().map(|r| r.as_str()).collect();
             let _ = writeln!(
                 out,
-                "  v{} {}  {limit}, {throttled} (since the cgroup was created); roles {}",
+                "  v{} {}  {limit}, {throttled}; roles {}",
                 c.version,
                 c.path,
                 roles.join(",")

@@ -14,7 +14,8 @@ pub enum FormatError {
     /// The format file could not be read.
     #[error(
         "cannot read tracepoint format {path}: {source}; mount tracefs \
-         (`sudo mount -t tracefs nodev {TRACEFS}`) or disable the probe family"
+         (`sudo mount -t tracefs nodev {TRACEFS}`), point probes.tcp.tracefs at its mount, or \
+         set probes.tcp.enabled = false"
     )]
     Read {
         /// The file.

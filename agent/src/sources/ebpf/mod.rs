@@ -12,7 +12,7 @@
 
 pub mod batch;
 
-use std::{collections::BTreeSet, os::fd::AsFd, path::Path, time::Duration};
+use std::{collections::BTreeSet, os::fd::AsFd, time::Duration};
 
 use aya::{
     maps::{HashMap, Map, MapData, PerCpuArray, RingBuf},
@@ -118,6 +118,8 @@ pub struct EbpfSettings {
     pub net: bool,
     /// Capacity of the connection map.
     pub max_conns: u32,
+    /// Where tracefs is mounted.
+    pub tracefs: std::path::PathBuf,
     /// The job's root processes; `None` follows every process on the node.
     pub targets: Option<Vec<u32>>,
 }
@@ -130,6 +132,7 @@ impl Default for EbpfSettings {
             ring_bytes: 256 * 1024,
             net: true,
             max_conns: 4096,
+            tracefs: TRACEFS.into(),
             targets: None,
         }
     }
@@ -217,7 +220,7 @@ impl Probes {
             Ok(SockOffsets::default())
         };
         let net_offsets = if settings.net {
-            tracefs::net_offsets(|tp| tracefs::read_format(Path::new(TRACEFS), tp))
+            tracefs::net_offsets(|tp| tracefs::read_format(&settings.tracefs, tp))
         } else {
             Ok(Default::default())
         };
