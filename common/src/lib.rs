@@ -13,8 +13,10 @@
 //! |---|---|---|
 //! | `0x0001..=0x00ff` | host scheduling and processes (eBPF) | [`RecordKind::RunqLatency`], [`RecordKind::ProcessEvent`] |
 //! | `0x0100..=0x01ff` | host network (eBPF) | [`RecordKind::TcpRetransmit`] |
-//! | `0x0200..=0x02ff` | GPU activity (CUPTI shim) | — (kernel, graph, launch, memcpy) |
-//! | `0x0300..=0x03ff` | job markers (python client, shim) | — (step, op context) |
+//! | `0x0200..=0x02ff` | GPU activity (CUPTI shim) | [`RecordKind::GpuKernel`], [`RecordKind::GpuGraph`], [`RecordKind::GpuMem`], [`RecordKind::GraphNode`], [`RecordKind::String`] |
+//! | `0x0300..=0x03ff` | job markers (python client, shim) | [`RecordKind::Step`] |
+//!
+//! Kind 0 is padding in a shared-memory ring ([`ring`]); it is never a record.
 //!
 //! No kernel, driver or CUDA requirement: this crate is `no_std` data definitions.
 #![no_std]
@@ -22,10 +24,15 @@
 
 use core::{fmt, mem::size_of};
 
+pub mod gpu;
 pub mod net;
 pub mod proc;
+pub mod ring;
 pub mod sched;
 
+pub use gpu::{
+    GpuGraphRecord, GpuKernelRecord, GpuMemRecord, GraphNodeRecord, StepRecord, StringRecord,
+};
 pub use net::{ConnStats, NetTpOffsets, SockOffsets, TcpRetransmitRecord, TcpTuple, CONN_CLOSED};
 pub use proc::{ProcessEventRecord, PROC_EXEC, PROC_EXIT, PROC_FORK};
 pub use sched::{
@@ -67,6 +74,18 @@ pub enum RecordKind {
     ProcessEvent = 0x0002,
     /// [`TcpRetransmitRecord`]: one retransmitted TCP segment.
     TcpRetransmit = 0x0100,
+    /// [`GpuKernelRecord`]: one kernel execution.
+    GpuKernel = 0x0200,
+    /// [`GpuGraphRecord`]: one CUDA graph launch (graph-level trace).
+    GpuGraph = 0x0201,
+    /// [`GpuMemRecord`]: one memcpy or memset.
+    GpuMem = 0x0202,
+    /// [`GraphNodeRecord`]: a graph node and its operator.
+    GraphNode = 0x0203,
+    /// [`StringRecord`]: a kernel or operator name (variable length).
+    String = 0x0204,
+    /// [`StepRecord`]: an iteration marker.
+    Step = 0x0300,
 }
 
 impl RecordKind {
@@ -76,6 +95,12 @@ impl RecordKind {
             0x0001 => Some(Self::RunqLatency),
             0x0002 => Some(Self::ProcessEvent),
             0x0100 => Some(Self::TcpRetransmit),
+            0x0200 => Some(Self::GpuKernel),
+            0x0201 => Some(Self::GpuGraph),
+            0x0202 => Some(Self::GpuMem),
+            0x0203 => Some(Self::GraphNode),
+            0x0204 => Some(Self::String),
+            0x0300 => Some(Self::Step),
             _ => None,
         }
     }
@@ -170,15 +195,27 @@ impl fmt::Display for DecodeError {
 
 impl core::error::Error for DecodeError {}
 
-/// A decoded record of any known kind.
+/// A decoded record of any known kind (strings borrow the decoded buffer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AnyRecord {
+pub enum AnyRecord<'a> {
     /// See [`RunqLatencyRecord`].
     RunqLatency(RunqLatencyRecord),
     /// See [`ProcessEventRecord`].
     ProcessEvent(ProcessEventRecord),
     /// See [`TcpRetransmitRecord`].
     TcpRetransmit(TcpRetransmitRecord),
+    /// See [`GpuKernelRecord`].
+    GpuKernel(GpuKernelRecord),
+    /// See [`GpuGraphRecord`].
+    GpuGraph(GpuGraphRecord),
+    /// See [`GpuMemRecord`].
+    GpuMem(GpuMemRecord),
+    /// See [`GraphNodeRecord`].
+    GraphNode(GraphNodeRecord),
+    /// See [`StringRecord`].
+    String(StringRecord<'a>),
+    /// See [`StepRecord`].
+    Step(StepRecord),
 }
 
 /// Reads the header at the start of `bytes`.
@@ -235,9 +272,24 @@ fn check_header<R: Record>(header: &RecordHeader) -> Result<(), DecodeError> {
 }
 
 /// Decodes the record at the start of `bytes`, returning it and the number of bytes it used.
-pub fn decode(bytes: &[u8]) -> Result<(AnyRecord, usize), DecodeError> {
+pub fn decode(bytes: &[u8]) -> Result<(AnyRecord<'_>, usize), DecodeError> {
     let header = decode_header(bytes)?;
+    fn fixed<R: Record>(
+        bytes: &[u8],
+        wrap: fn(R) -> AnyRecord<'static>,
+    ) -> Result<(AnyRecord<'static>, usize), DecodeError> {
+        let r = decode_as::<R>(bytes)?;
+        Ok((wrap(r), size_of::<R>()))
+    }
     match RecordKind::from_raw(header.kind) {
+        Some(RecordKind::GpuKernel) => fixed(bytes, AnyRecord::GpuKernel),
+        Some(RecordKind::GpuGraph) => fixed(bytes, AnyRecord::GpuGraph),
+        Some(RecordKind::GpuMem) => fixed(bytes, AnyRecord::GpuMem),
+        Some(RecordKind::GraphNode) => fixed(bytes, AnyRecord::GraphNode),
+        Some(RecordKind::Step) => fixed(bytes, AnyRecord::Step),
+        Some(RecordKind::String) => {
+            StringRecord::decode(bytes).map(|(s, used)| (AnyRecord::String(s), used))
+        }
         Some(RecordKind::RunqLatency) => {
             let r = decode_as::<RunqLatencyRecord>(bytes)?;
             Ok((AnyRecord::RunqLatency(r), header.len as usize))
@@ -278,8 +330,8 @@ impl<'a> RecordIter<'a> {
     }
 }
 
-impl Iterator for RecordIter<'_> {
-    type Item = Result<AnyRecord, DecodeError>;
+impl<'a> Iterator for RecordIter<'a> {
+    type Item = Result<AnyRecord<'a>, DecodeError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.rest.is_empty() {

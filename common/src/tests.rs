@@ -93,15 +93,15 @@ fn wrong_length() {
 #[test]
 fn unknown_kind() {
     let mut r = sample();
-    r.header.kind = 0x0200;
+    r.header.kind = 0x02ff;
     assert_eq!(
         decode(r.as_bytes()).unwrap_err(),
-        DecodeError::UnknownKind { kind: 0x0200 }
+        DecodeError::UnknownKind { kind: 0x02ff }
     );
     // Asking for a specific type with another kind in the header is refused too.
     assert_eq!(
         decode_as::<RunqLatencyRecord>(r.as_bytes()).unwrap_err(),
-        DecodeError::UnknownKind { kind: 0x0200 }
+        DecodeError::UnknownKind { kind: 0x02ff }
     );
 }
 
@@ -244,4 +244,59 @@ fn process_and_tcp_records_round_trip() {
         decode(short.as_bytes()),
         Err(DecodeError::WrongLength { .. })
     ));
+}
+
+#[test]
+fn gpu_records_and_strings_round_trip() {
+    let k = GpuKernelRecord {
+        header: RecordHeader::of::<GpuKernelRecord>(),
+        start_ns: 100,
+        end_ns: 200,
+        launch_ns: 90,
+        graph_node_id: 7,
+        correlation_id: 3,
+        device_id: 0,
+        context_id: 1,
+        stream_id: 7,
+        graph_id: 2,
+        grid: [4, 1, 1],
+        block: [128, 1, 1],
+        registers: 32,
+        static_smem: 0,
+        dynamic_smem: 1024,
+        name_id: 5,
+        op_id: 6,
+        launch_tid: 9,
+        flags: gpu::KERNEL_IN_GRAPH,
+    };
+    let mut buf = Vec::from(k.as_bytes());
+    let mut s = [0u8; 64];
+    let used = StringRecord::encode(5, gpu::STRING_KERNEL, b"triton_poi_fused_addmm_relu_0", &mut s);
+    assert_eq!(used % 8, 0);
+    buf.extend_from_slice(&s[..used]);
+    let got: Vec<_> = RecordIter::new(&buf).collect();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0], Ok(AnyRecord::GpuKernel(k)));
+    match got[1] {
+        Ok(AnyRecord::String(r)) => {
+            assert_eq!((r.id, r.kind), (5, gpu::STRING_KERNEL));
+            assert_eq!(r.bytes, b"triton_poi_fused_addmm_relu_0");
+        }
+        ref other => panic!("{other:?}"),
+    }
+    // A string record whose length is not a multiple of 8, or too short, is refused.
+    let mut bad = s;
+    bad[4] = 20;
+    assert!(matches!(decode(&bad), Err(DecodeError::WrongLength { .. })));
+    // Names longer than the limit are cut, not refused.
+    let long = [b'x'; gpu::STRING_MAX + 100];
+    let mut out = [0u8; 16 + gpu::STRING_MAX + 8];
+    let used = StringRecord::encode(1, gpu::STRING_OP, &long, &mut out);
+    match decode(&out[..used]) {
+        Ok((AnyRecord::String(r), n)) => {
+            assert_eq!(n, used);
+            assert_eq!(r.bytes.len(), gpu::STRING_MAX);
+        }
+        other => panic!("{other:?}"),
+    }
 }

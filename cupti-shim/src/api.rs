@@ -1,0 +1,128 @@
+//! The CUPTI functions the shim calls, resolved with `dlsym` from the libcupti already loaded in
+//! the process (PyTorch links `libcupti.so.13` from `site-packages/nvidia/cu13/lib`): a second
+//! copy loaded from elsewhere would split CUPTI's state (shared/research/cupti.md §3). Types come
+//! from cudarc's CUDA 13.0 bindings; enum-typed values cross the boundary as raw integers, since
+//! an unknown C enum value in a Rust enum is undefined behaviour.
+//!
+//! Needs CUPTI 13 (CUDA 13.0, driver 580+).
+
+use std::ffi::{c_char, c_void, CStr};
+
+/// `CUptiResult` as a raw integer.
+pub type CuptiResult = u32;
+/// `CUPTI_SUCCESS`.
+pub const CUPTI_SUCCESS: CuptiResult = 0;
+/// `CUPTI_ERROR_MAX_LIMIT_REACHED`: no more records in a buffer.
+pub const CUPTI_ERROR_MAX_LIMIT_REACHED: CuptiResult = 12;
+/// `CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED`.
+pub const CUPTI_ERROR_MULTIPLE_SUBSCRIBERS: CuptiResult = 39;
+
+/// `CUpti_CallbackFunc` with raw integers for the domain and callback id.
+pub type CallbackFn =
+    unsafe extern "C" fn(userdata: *mut c_void, domain: u32, cbid: u32, data: *const c_void);
+/// `CUpti_BuffersCallbackRequestFunc`.
+pub type BufferRequestedFn =
+    unsafe extern "C" fn(buffer: *mut *mut u8, size: *mut usize, max_num_records: *mut usize);
+/// `CUpti_BuffersCallbackCompleteFunc`.
+pub type BufferCompletedFn = unsafe extern "C" fn(
+    ctx: *mut c_void,
+    stream_id: u32,
+    buffer: *mut u8,
+    size: usize,
+    valid_size: usize,
+);
+/// `CUpti_TimestampCallbackFunc`.
+pub type TimestampFn = unsafe extern "C" fn() -> u64;
+
+macro_rules! api {
+    ($($name:ident: fn($($arg:ty),*) -> $ret:ty;)*) => {
+        /// Function pointers into the loaded libcupti.
+        #[allow(non_snake_case, reason = "the C names")]
+        pub struct Cupti {
+            $(
+                /// The C function of the same name.
+                pub $name: unsafe extern "C" fn($($arg),*) -> $ret,
+            )*
+        }
+
+        impl Cupti {
+            /// Resolves every function from `handle`.
+            ///
+            /// # Safety
+            /// `handle` must be a live `dlopen` handle of libcupti 13.
+            unsafe fn resolve(handle: *mut c_void) -> Result<Self, String> {
+                Ok(Self {
+                    $(
+                        $name: {
+                            let sym = concat!(stringify!($name), "\0");
+                            // SAFETY: a NUL-terminated name and a live handle.
+                            let p = unsafe { libc::dlsym(handle, sym.as_ptr().cast()) };
+                            if p.is_null() {
+                                return Err(format!("libcupti has no {}", stringify!($name)));
+                            }
+                            // SAFETY: the symbol is the C function with this signature (CUPTI 13
+                            // headers).
+                            unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($arg),*) -> $ret>(p) }
+                        },
+                    )*
+                })
+            }
+        }
+    };
+}
+
+api! {
+    cuptiGetVersion: fn(*mut u32) -> CuptiResult;
+    cuptiGetResultString: fn(CuptiResult, *mut *const c_char) -> CuptiResult;
+    cuptiSubscribe: fn(*mut *mut c_void, CallbackFn, *mut c_void) -> CuptiResult;
+    cuptiUnsubscribe: fn(*mut c_void) -> CuptiResult;
+    cuptiEnableCallback: fn(u32, *mut c_void, u32, u32) -> CuptiResult;
+    cuptiEnableDomain: fn(u32, *mut c_void, u32) -> CuptiResult;
+    cuptiActivityEnable: fn(u32) -> CuptiResult;
+    cuptiActivityDisable: fn(u32) -> CuptiResult;
+    cuptiActivityRegisterCallbacks: fn(BufferRequestedFn, BufferCompletedFn) -> CuptiResult;
+    cuptiActivityRegisterTimestampCallback: fn(TimestampFn) -> CuptiResult;
+    cuptiActivityFlushAll: fn(u32) -> CuptiResult;
+    cuptiActivityGetNextRecord: fn(*mut u8, usize, *mut *mut c_void) -> CuptiResult;
+    cuptiActivityGetNumDroppedRecords: fn(*mut c_void, u32, *mut usize) -> CuptiResult;
+    cuptiGetGraphNodeId: fn(*mut c_void, *mut u64) -> CuptiResult;
+    cuptiGetGraphId: fn(*mut c_void, *mut u32) -> CuptiResult;
+}
+
+impl Cupti {
+    /// Finds libcupti: the copy already loaded (`RTLD_NOLOAD`), else the first one the loader
+    /// finds by soname.
+    pub fn load() -> Result<(Self, &'static str), String> {
+        for (name, flags) in [
+            (c"libcupti.so.13", libc::RTLD_NOW | libc::RTLD_NOLOAD),
+            (c"libcupti.so", libc::RTLD_NOW | libc::RTLD_NOLOAD),
+            (c"libcupti.so.13", libc::RTLD_NOW),
+        ] {
+            // SAFETY: a NUL-terminated name.
+            let handle = unsafe { libc::dlopen(name.as_ptr(), flags) };
+            if !handle.is_null() {
+                let how = if flags & libc::RTLD_NOLOAD != 0 {
+                    "the copy already loaded in the process"
+                } else {
+                    "a copy found by the dynamic loader"
+                };
+                // SAFETY: a live handle of a library named libcupti.
+                return unsafe { Self::resolve(handle) }.map(|api| (api, how));
+            }
+        }
+        Err("libcupti.so.13 is neither loaded in the process nor on the library path".into())
+    }
+
+    /// The text of a CUPTI result code.
+    pub fn describe(&self, r: CuptiResult) -> String {
+        let mut p: *const c_char = std::ptr::null();
+        // SAFETY: valid out pointer; CUPTI returns a static string.
+        if unsafe { (self.cuptiGetResultString)(r, &mut p) } == CUPTI_SUCCESS && !p.is_null() {
+            // SAFETY: a NUL-terminated static string from CUPTI.
+            let s = unsafe { CStr::from_ptr(p) }.to_string_lossy();
+            format!("{s} ({r})")
+        } else {
+            format!("CUPTI error {r}")
+        }
+    }
+}

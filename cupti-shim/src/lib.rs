@@ -1,0 +1,987 @@
+//! `libslo_probe_cupti.so`: the CUPTI shim. Injected into a CUDA process with
+//! `CUDA_INJECTION64_PATH=/path/to/libslo_probe_cupti.so`; the driver calls
+//! [`InitializeInjection`] once, during `cuInit`.
+//!
+//! Always-on mode traces CUDA graph launches at graph level (`GRAPH_TRACE`), eager kernels
+//! (`CONCURRENT_KERNEL`), memcpy and memset, with a callback on launch APIs that stamps the
+//! launch time and the operator context of the launching thread. Diagnostic mode (on request,
+//! for a number of steps) turns graph-level tracing off so that graph replays produce one record
+//! per kernel node, joined to the operator that captured the node. Every timestamp is
+//! CLOCK_MONOTONIC (CUPTI's timestamp callback), the clock of the eBPF probes.
+//!
+//! Records go into a shared-memory ring ([`slo_probe_common::ring`]) that the agent maps after
+//! the shim registers over a Unix socket. Rules that keep the training job safe: no CUDA thread
+//! ever blocks on the shim (launch callbacks only write a lock-free table, other threads push
+//! into a lock-free queue, full means dropped and counted); every entry point catches panics;
+//! `cuptiFinalize` is never called; after `fork` the child's copy stays silent.
+//!
+//! The training script talks to the shim through the C functions `slo_probe_*` below (the
+//! `slo_probe` python package loads this library with ctypes).
+//!
+//! Needs CUDA 13.0 / CUPTI 13 (driver 580+); builds without CUDA.
+
+mod activity;
+mod api;
+mod transport;
+
+use std::{
+    cell::{Cell, RefCell},
+    collections::HashMap,
+    ffi::{c_char, c_void, CStr},
+    panic::{catch_unwind, AssertUnwindSafe},
+    path::PathBuf,
+    sync::{
+        atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering},
+        Mutex, OnceLock,
+    },
+    time::Duration,
+};
+
+use api::{Cupti, CUPTI_ERROR_MAX_LIMIT_REACHED, CUPTI_ERROR_MULTIPLE_SUBSCRIBERS, CUPTI_SUCCESS};
+use crossbeam_queue::ArrayQueue;
+use slo_probe_common::{
+    gpu::{
+        KERNEL_DIAGNOSTIC, NODE_CLONED, NODE_CREATED, STEP_BEGIN, STEP_END, STRING_KERNEL,
+        STRING_MAX, STRING_OP,
+    },
+    ring::{
+        STATUS_CONNECTED, STATUS_DIAGNOSTIC, STATUS_LOST_RACE, STATUS_RELEASED, STATUS_TRACING,
+    },
+    GraphNodeRecord, Record, RecordHeader, StepRecord, StringRecord,
+};
+use transport::Transport;
+
+const DOMAIN_DRIVER: u32 = 1;
+const DOMAIN_RUNTIME: u32 = 2;
+const DOMAIN_RESOURCE: u32 = 3;
+/// Driver launch APIs: cuLaunchKernel(_ptsz), cuGraphLaunch(_ptsz), cuLaunchKernelEx(_ptsz).
+const DRIVER_LAUNCH_CBIDS: [u32; 6] = [307, 442, 514, 515, 652, 653];
+/// Runtime launch APIs: cudaLaunchKernel(_ptsz), cudaGraphLaunch(_ptsz), cudaLaunchKernelExC(_ptsz).
+const RUNTIME_LAUNCH_CBIDS: [u32; 6] = [211, 214, 311, 312, 430, 431];
+const CBID_GRAPHNODE_CREATED: u32 = 13;
+const CBID_GRAPHNODE_CLONED: u32 = 20;
+/// `CUPTI_ACTIVITY_FLAG_FLUSH_FORCED`.
+const FLUSH_FORCED: u32 = 1;
+
+/// Size of each activity buffer handed to CUPTI.
+const BUFFER_BYTES: usize = 8 << 20;
+/// Buffers kept for reuse.
+const BUFFER_POOL: usize = 8;
+/// Launch correlation slots (a power of two): more launches than this between a launch and
+/// the flush of its record overwrite the oldest.
+const CORR_SLOTS: usize = 1 << 16;
+/// Records other threads can queue between two flushes.
+const QUEUE_LEN: usize = 1 << 14;
+
+/// One launch stamp, written by the launching thread, read when its records arrive.
+struct CorrSlot {
+    correlation: AtomicU32,
+    launch_ns: AtomicU64,
+    op: AtomicU32,
+    tid: AtomicU32,
+}
+
+enum Queued {
+    Step(StepRecord),
+    Node(GraphNodeRecord),
+    OpName { id: u32, name: Box<str> },
+}
+
+/// The single producer of the ring (behind a mutex): the ring, kernel-name ids, a scratch
+/// buffer.
+struct Writer {
+    ring: Option<slo_probe_common::ring::Ring>,
+    kernel_names: HashMap<usize, u32>,
+    scratch: Vec<u8>,
+}
+
+impl Writer {
+    fn push(&self, bytes: &[u8]) {
+        if let Some(r) = &self.ring {
+            r.push(bytes);
+        }
+    }
+}
+
+/// Debug counters, also exported through `slo_probe_debug_counters`.
+#[derive(Default)]
+struct Counters {
+    launches_driver: AtomicU64,
+    launches_runtime: AtomicU64,
+    kernel_records: AtomicU64,
+    corr_hits: AtomicU64,
+    corr_misses: AtomicU64,
+    graph_records: AtomicU64,
+    mem_records: AtomicU64,
+    nodes_created: AtomicU64,
+    nodes_cloned: AtomicU64,
+    buffers_completed: AtomicU64,
+    queue_dropped: AtomicU64,
+    other_records: AtomicU64,
+}
+
+struct Shim {
+    api: Option<Cupti>,
+    cupti_version: u32,
+    subscriber: AtomicPtr<c_void>,
+    transport: Option<Transport>,
+    writer: Mutex<Writer>,
+    queue: ArrayQueue<Queued>,
+    corr: Box<[CorrSlot]>,
+    node_ops: Mutex<HashMap<u64, u32>>,
+    op_names: Mutex<HashMap<String, u32>>,
+    next_name_id: AtomicU32,
+    status: AtomicU64,
+    buffers: Mutex<Vec<Box<[u64]>>>,
+    steps_ended: AtomicU64,
+    /// Step count at which diagnostic mode ends (0: not in diagnostic mode by request).
+    diag_until_step: AtomicU64,
+    /// Pending request from the script (steps), applied by the flusher.
+    diag_request: AtomicU32,
+    /// Last control generation seen from the agent.
+    control_generation: AtomicU32,
+    /// Diagnostic for the whole run (`SLO_PROBE_DIAGNOSTIC=1`).
+    diag_always: bool,
+    counters: Counters,
+    log: bool,
+}
+
+static SHIM: OnceLock<Shim> = OnceLock::new();
+static FORKED: AtomicBool = AtomicBool::new(false);
+static INJECTED: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    static OPS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+    static TID: Cell<u32> = const { Cell::new(0) };
+}
+
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer; CLOCK_MONOTONIC exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn tid() -> u32 {
+    TID.with(|t| {
+        if t.get() == 0 {
+            // SAFETY: gettid has no preconditions.
+            t.set(unsafe { libc::gettid() } as u32);
+        }
+        t.get()
+    })
+}
+
+fn current_op() -> u32 {
+    OPS.with(|o| o.borrow().last().copied().unwrap_or(0))
+}
+
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+}
+
+macro_rules! say {
+    ($($arg:tt)*) => {
+        eprintln!("slo-probe shim (pid {}): {}", std::process::id(), format!($($arg)*))
+    };
+}
+
+/// Runs an FFI entry point: nothing happens after a fork in the child, and a panic never
+/// unwinds into C.
+fn guard<T>(default: T, f: impl FnOnce() -> T) -> T {
+    if FORKED.load(Ordering::Relaxed) {
+        return default;
+    }
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(default)
+}
+
+extern "C" fn after_fork_in_child() {
+    FORKED.store(true, Ordering::Relaxed);
+}
+
+/// The shim's state, created on first use by any entry point (the script may mark steps
+/// before CUDA is initialised).
+fn shim() -> &'static Shim {
+    SHIM.get_or_init(|| {
+        // SAFETY: registering a function with no preconditions.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+        let log = env_flag("SLO_PROBE_SHIM_LOG");
+        let socket = std::env::var_os("SLO_PROBE_SOCKET")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| transport::DEFAULT_SOCKET.into());
+        let ring_mb: usize = std::env::var("SLO_PROBE_RING_MB")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(16)
+            .clamp(1, 1024);
+        let (transport, ring) = match Transport::new(ring_mb << 20, socket) {
+            Ok((t, r)) => (Some(t), Some(r)),
+            Err(e) => {
+                say!("cannot create the shared ring ({e}); records are dropped");
+                (None, None)
+            }
+        };
+        let (api, cupti_version) = match Cupti::load() {
+            Ok((api, how)) => {
+                let mut v = 0u32;
+                // SAFETY: valid out pointer.
+                unsafe { (api.cuptiGetVersion)(&mut v) };
+                if log {
+                    say!("using libcupti {v} ({how})");
+                }
+                (Some(api), v)
+            }
+            Err(e) => {
+                if INJECTED.load(Ordering::Relaxed) || log {
+                    say!("{e}; GPU tracing is off (step markers still work)");
+                }
+                (None, 0)
+            }
+        };
+        let corr = (0..CORR_SLOTS)
+            .map(|_| CorrSlot {
+                correlation: AtomicU32::new(0),
+                launch_ns: AtomicU64::new(0),
+                op: AtomicU32::new(0),
+                tid: AtomicU32::new(0),
+            })
+            .collect();
+        let s = Shim {
+            api,
+            cupti_version,
+            subscriber: AtomicPtr::new(std::ptr::null_mut()),
+            transport,
+            writer: Mutex::new(Writer {
+                ring,
+                kernel_names: HashMap::new(),
+                scratch: vec![0u8; 16 + STRING_MAX + 8],
+            }),
+            queue: ArrayQueue::new(QUEUE_LEN),
+            corr,
+            node_ops: Mutex::new(HashMap::new()),
+            op_names: Mutex::new(HashMap::new()),
+            next_name_id: AtomicU32::new(1),
+            status: AtomicU64::new(0),
+            buffers: Mutex::new(Vec::new()),
+            steps_ended: AtomicU64::new(0),
+            diag_until_step: AtomicU64::new(0),
+            diag_request: AtomicU32::new(0),
+            control_generation: AtomicU32::new(0),
+            diag_always: env_flag("SLO_PROBE_DIAGNOSTIC"),
+            counters: Counters::default(),
+            log,
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("slo-probe-flush".into())
+            .spawn(flusher)
+        {
+            say!("cannot start the flush thread ({e}); records stay in CUPTI buffers");
+        }
+        s
+    })
+}
+
+impl Shim {
+    fn set_status(&self, bit: u64, on: bool) {
+        let v = if on {
+            self.status.fetch_or(bit, Ordering::Relaxed) | bit
+        } else {
+            self.status.fetch_and(!bit, Ordering::Relaxed) & !bit
+        };
+        if let Some(t) = &self.transport {
+            t.header.status.store(v, Ordering::Relaxed);
+        }
+    }
+
+    fn push_queued(&self, q: Queued) {
+        if self.queue.push(q).is_err() {
+            self.counters.queue_dropped.fetch_add(1, Ordering::Relaxed);
+            if let Some(t) = &self.transport {
+                t.header.dropped_records.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Moves queued records into the ring.
+    fn drain_queue(&self, w: &mut Writer) {
+        while let Some(q) = self.queue.pop() {
+            match q {
+                Queued::Step(r) => w.push(r.as_bytes()),
+                Queued::Node(r) => w.push(r.as_bytes()),
+                Queued::OpName { id, name } => {
+                    let n = StringRecord::encode(id, STRING_OP, name.as_bytes(), &mut w.scratch);
+                    let (scratch, ring) = (&w.scratch, &w.ring);
+                    if let Some(r) = ring {
+                        r.push(&scratch[..n]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sets up CUPTI: timestamps, subscription, launch and resource callbacks, activity kinds.
+    fn start_tracing(&self) -> Result<(), String> {
+        let Some(api) = &self.api else {
+            return Err("libcupti not available".into());
+        };
+        // SAFETY: CUPTI functions called with valid arguments; callbacks are `extern "C"`
+        // functions that catch panics.
+        unsafe {
+            (api.cuptiActivityRegisterTimestampCallback)(timestamp);
+            let mut sub: *mut c_void = std::ptr::null_mut();
+            let r = (api.cuptiSubscribe)(&mut sub, on_callback, std::ptr::null_mut());
+            if r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS {
+                self.set_status(STATUS_LOST_RACE, true);
+                return Err(format!(
+                    "CUPTI already has a subscriber in this process (torch.profiler / Kineto, \
+                     Nsight, or another tool started first): GPU tracing is off for pid {}. \
+                     Start that tool inside `slo_probe.cupti_released()`, or let the shim \
+                     initialise first (it does at cuInit when injected with \
+                     CUDA_INJECTION64_PATH)",
+                    std::process::id()
+                ));
+            }
+            if r != CUPTI_SUCCESS {
+                return Err(format!("cuptiSubscribe failed: {}", api.describe(r)));
+            }
+            self.subscriber.store(sub, Ordering::Release);
+            for cbid in DRIVER_LAUNCH_CBIDS {
+                (api.cuptiEnableCallback)(1, sub, DOMAIN_DRIVER, cbid);
+            }
+            for cbid in RUNTIME_LAUNCH_CBIDS {
+                (api.cuptiEnableCallback)(1, sub, DOMAIN_RUNTIME, cbid);
+            }
+            for cbid in [CBID_GRAPHNODE_CREATED, CBID_GRAPHNODE_CLONED] {
+                (api.cuptiEnableCallback)(1, sub, DOMAIN_RESOURCE, cbid);
+            }
+            let r = (api.cuptiActivityRegisterCallbacks)(buffer_requested, buffer_completed);
+            if r != CUPTI_SUCCESS {
+                return Err(format!(
+                    "cuptiActivityRegisterCallbacks failed: {}",
+                    api.describe(r)
+                ));
+            }
+            let mut kinds = vec![
+                activity::KIND_CONCURRENT_KERNEL,
+                activity::KIND_MEMCPY,
+                activity::KIND_MEMSET,
+            ];
+            if !self.diag_always {
+                kinds.push(activity::KIND_GRAPH_TRACE);
+            }
+            for k in kinds {
+                let r = (api.cuptiActivityEnable)(k);
+                if r != CUPTI_SUCCESS {
+                    return Err(format!(
+                        "cuptiActivityEnable({k}) failed: {}",
+                        api.describe(r)
+                    ));
+                }
+            }
+        }
+        self.set_status(STATUS_DIAGNOSTIC, self.diag_always);
+        self.set_status(STATUS_TRACING, true);
+        self.set_status(STATUS_RELEASED, false);
+        Ok(())
+    }
+
+    /// Flushes and unsubscribes, leaving CUPTI to another tool.
+    fn stop_tracing(&self) -> Result<(), String> {
+        let Some(api) = &self.api else {
+            return Ok(());
+        };
+        let sub = self.subscriber.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if sub.is_null() {
+            return Ok(());
+        }
+        // SAFETY: valid CUPTI calls on our own subscriber.
+        unsafe {
+            (api.cuptiActivityFlushAll)(FLUSH_FORCED);
+            for k in [
+                activity::KIND_CONCURRENT_KERNEL,
+                activity::KIND_MEMCPY,
+                activity::KIND_MEMSET,
+                activity::KIND_GRAPH_TRACE,
+            ] {
+                (api.cuptiActivityDisable)(k);
+            }
+            (api.cuptiEnableDomain)(0, sub, DOMAIN_DRIVER);
+            (api.cuptiEnableDomain)(0, sub, DOMAIN_RUNTIME);
+            (api.cuptiEnableDomain)(0, sub, DOMAIN_RESOURCE);
+            let r = (api.cuptiUnsubscribe)(sub);
+            if r != CUPTI_SUCCESS {
+                return Err(format!("cuptiUnsubscribe failed: {}", api.describe(r)));
+            }
+        }
+        if let Ok(mut w) = self.writer.lock() {
+            self.drain_queue(&mut w);
+        }
+        self.set_status(STATUS_TRACING, false);
+        self.set_status(STATUS_RELEASED, true);
+        Ok(())
+    }
+
+    fn tracing(&self) -> bool {
+        !self.subscriber.load(Ordering::Acquire).is_null()
+    }
+
+    /// Node-level graph tracing on (`on`) or off: graph-level tracing and node-level kernel
+    /// records exclude each other, so this toggles `GRAPH_TRACE`.
+    fn set_diagnostic(&self, on: bool) {
+        let Some(api) = &self.api else { return };
+        if !self.tracing() {
+            return;
+        }
+        // SAFETY: valid CUPTI calls.
+        unsafe {
+            (api.cuptiActivityFlushAll)(0);
+            if on {
+                (api.cuptiActivityDisable)(activity::KIND_GRAPH_TRACE);
+            } else {
+                (api.cuptiActivityEnable)(activity::KIND_GRAPH_TRACE);
+            }
+        }
+        self.set_status(STATUS_DIAGNOSTIC, on);
+        if self.log {
+            say!("node-level graph tracing {}", if on { "on" } else { "off" });
+        }
+    }
+}
+
+impl activity::Context for (&Shim, &mut Writer) {
+    fn launch(&self, correlation_id: u32) -> (u64, u32, u32) {
+        let slot = &self.0.corr[correlation_id as usize & (CORR_SLOTS - 1)];
+        if slot.correlation.load(Ordering::Acquire) != correlation_id {
+            self.0.counters.corr_misses.fetch_add(1, Ordering::Relaxed);
+            return (0, 0, 0);
+        }
+        let r = (
+            slot.launch_ns.load(Ordering::Relaxed),
+            slot.op.load(Ordering::Relaxed),
+            slot.tid.load(Ordering::Relaxed),
+        );
+        // Re-check: a newer launch may have reused the slot meanwhile.
+        if slot.correlation.load(Ordering::Acquire) != correlation_id {
+            self.0.counters.corr_misses.fetch_add(1, Ordering::Relaxed);
+            return (0, 0, 0);
+        }
+        self.0.counters.corr_hits.fetch_add(1, Ordering::Relaxed);
+        r
+    }
+
+    fn kernel_name(&mut self, name: *const c_char) -> u32 {
+        if name.is_null() {
+            return 0;
+        }
+        let key = name as usize;
+        if let Some(&id) = self.1.kernel_names.get(&key) {
+            return id;
+        }
+        let id = self.0.next_name_id.fetch_add(1, Ordering::Relaxed);
+        self.1.kernel_names.insert(key, id);
+        // SAFETY: CUPTI kernel names are NUL-terminated strings owned by CUPTI for the life of
+        // the process.
+        let bytes = unsafe { CStr::from_ptr(name) }.to_bytes();
+        let n = StringRecord::encode(id, STRING_KERNEL, bytes, &mut self.1.scratch);
+        if let Some(r) = &self.1.ring {
+            r.push(&self.1.scratch[..n]);
+        }
+        id
+    }
+
+    fn node_op(&self, graph_node_id: u64) -> Option<u32> {
+        self.0
+            .node_ops
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&graph_node_id).copied())
+    }
+}
+
+unsafe extern "C" fn timestamp() -> u64 {
+    now_ns()
+}
+
+unsafe extern "C" fn on_callback(_ud: *mut c_void, domain: u32, cbid: u32, data: *const c_void) {
+    guard((), || {
+        let Some(s) = SHIM.get() else { return };
+        match domain {
+            DOMAIN_DRIVER | DOMAIN_RUNTIME => {
+                use cudarc::cupti::sys::CUpti_CallbackData as Cb;
+                // SAFETY: for API domains CUPTI passes a CUpti_CallbackData; fields are read at
+                // the bindings' offsets as raw integers.
+                let (site, corr) = unsafe {
+                    let p = data.cast::<u8>();
+                    (
+                        std::ptr::read_unaligned(
+                            p.add(std::mem::offset_of!(Cb, callbackSite)).cast::<u32>(),
+                        ),
+                        std::ptr::read_unaligned(
+                            p.add(std::mem::offset_of!(Cb, correlationId)).cast::<u32>(),
+                        ),
+                    )
+                };
+                if site != 0 {
+                    return; // exit site: nothing to do
+                }
+                if domain == DOMAIN_DRIVER {
+                    s.counters.launches_driver.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    s.counters.launches_runtime.fetch_add(1, Ordering::Relaxed);
+                }
+                let slot = &s.corr[corr as usize & (CORR_SLOTS - 1)];
+                // Invalidate, fill, publish: a reader that sees `corr` sees these fields.
+                slot.correlation.store(0, Ordering::Relaxed);
+                slot.launch_ns.store(now_ns(), Ordering::Relaxed);
+                slot.op.store(current_op(), Ordering::Relaxed);
+                slot.tid.store(tid(), Ordering::Relaxed);
+                slot.correlation.store(corr, Ordering::Release);
+            }
+            DOMAIN_RESOURCE => resource_callback(s, cbid, data),
+            _ => {}
+        }
+    });
+}
+
+fn resource_callback(s: &Shim, cbid: u32, data: *const c_void) {
+    use cudarc::cupti::sys::{CUpti_GraphData as G, CUpti_ResourceData as R};
+    let Some(api) = &s.api else { return };
+    if cbid != CBID_GRAPHNODE_CREATED && cbid != CBID_GRAPHNODE_CLONED {
+        return;
+    }
+    // SAFETY: for these callback ids CUPTI passes a CUpti_ResourceData whose descriptor is a
+    // CUpti_GraphData; pointers are read at the bindings' offsets.
+    let (graph, node, original) = unsafe {
+        let desc: *const u8 = std::ptr::read_unaligned(
+            data.cast::<u8>()
+                .add(std::mem::offset_of!(R, resourceDescriptor))
+                .cast::<*const u8>(),
+        );
+        if desc.is_null() {
+            return;
+        }
+        let ptr_at = |o: usize| std::ptr::read_unaligned(desc.add(o).cast::<*mut c_void>());
+        (
+            ptr_at(std::mem::offset_of!(G, graph)),
+            ptr_at(std::mem::offset_of!(G, node)),
+            ptr_at(std::mem::offset_of!(G, originalNode)),
+        )
+    };
+    let (mut node_id, mut original_id, mut graph_id) = (0u64, 0u64, 0u32);
+    // SAFETY: CUPTI id queries on handles CUPTI just gave us.
+    unsafe {
+        (api.cuptiGetGraphNodeId)(node, &mut node_id);
+        if !graph.is_null() {
+            (api.cuptiGetGraphId)(graph, &mut graph_id);
+        }
+        if cbid == CBID_GRAPHNODE_CLONED && !original.is_null() {
+            (api.cuptiGetGraphNodeId)(original, &mut original_id);
+        }
+    }
+    let op = if cbid == CBID_GRAPHNODE_CREATED {
+        s.counters.nodes_created.fetch_add(1, Ordering::Relaxed);
+        current_op()
+    } else {
+        s.counters.nodes_cloned.fetch_add(1, Ordering::Relaxed);
+        s.node_ops
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&original_id).copied())
+            .unwrap_or(0)
+    };
+    if op != 0 {
+        if let Ok(mut m) = s.node_ops.lock() {
+            m.insert(node_id, op);
+        }
+    }
+    s.push_queued(Queued::Node(GraphNodeRecord {
+        header: RecordHeader::of::<GraphNodeRecord>(),
+        node_id,
+        original_node_id: original_id,
+        graph_id,
+        op_id: op,
+        flags: if cbid == CBID_GRAPHNODE_CREATED {
+            NODE_CREATED
+        } else {
+            NODE_CLONED
+        },
+        _pad: 0,
+    }));
+}
+
+unsafe extern "C" fn buffer_requested(buf: *mut *mut u8, size: *mut usize, max: *mut usize) {
+    guard((), || {
+        let s = shim();
+        let b = s
+            .buffers
+            .lock()
+            .ok()
+            .and_then(|mut p| p.pop())
+            .unwrap_or_else(|| vec![0u64; BUFFER_BYTES / 8].into_boxed_slice());
+        let len = b.len() * 8;
+        // SAFETY: CUPTI's out pointers are valid; the buffer is 8-byte aligned and returned
+        // to us in `buffer_completed`.
+        unsafe {
+            *size = len;
+            *max = 0;
+            *buf = Box::into_raw(b).cast::<u8>();
+        }
+    });
+}
+
+unsafe extern "C" fn buffer_completed(
+    ctx: *mut c_void,
+    stream_id: u32,
+    buffer: *mut u8,
+    size: usize,
+    valid: usize,
+) {
+    if buffer.is_null() {
+        return;
+    }
+    // SAFETY: `buffer` is one we handed out in `buffer_requested`, `size` its length.
+    let owned: Box<[u64]> =
+        unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(buffer.cast::<u64>(), size / 8)) };
+    guard((), || {
+        let s = shim();
+        if let (Some(api), Ok(mut w)) = (&s.api, s.writer.lock()) {
+            s.counters.buffers_completed.fetch_add(1, Ordering::Relaxed);
+            let diag = if s.status.load(Ordering::Relaxed) & STATUS_DIAGNOSTIC != 0 {
+                KERNEL_DIAGNOSTIC
+            } else {
+                0
+            };
+            let mut rec: *mut c_void = std::ptr::null_mut();
+            loop {
+                // SAFETY: iterating a completed buffer of `valid` bytes with CUPTI's API.
+                let r = unsafe { (api.cuptiActivityGetNextRecord)(buffer, valid, &mut rec) };
+                if r == CUPTI_ERROR_MAX_LIMIT_REACHED || r != CUPTI_SUCCESS {
+                    break;
+                }
+                let p = rec.cast::<u8>().cast_const();
+                let mut ctx2 = (s, &mut *w);
+                // SAFETY: `p` is a CUPTI record of the kind it declares.
+                unsafe {
+                    match activity::kind(p) {
+                        activity::KIND_CONCURRENT_KERNEL => {
+                            let k = activity::kernel(p, &mut ctx2, diag);
+                            s.counters.kernel_records.fetch_add(1, Ordering::Relaxed);
+                            w.push(k.as_bytes());
+                        }
+                        activity::KIND_GRAPH_TRACE => {
+                            let g = activity::graph(p, &mut ctx2);
+                            s.counters.graph_records.fetch_add(1, Ordering::Relaxed);
+                            w.push(g.as_bytes());
+                        }
+                        activity::KIND_MEMCPY => {
+                            let m = activity::memcpy(p, &mut ctx2);
+                            s.counters.mem_records.fetch_add(1, Ordering::Relaxed);
+                            w.push(m.as_bytes());
+                        }
+                        activity::KIND_MEMSET => {
+                            let m = activity::memset(p, &mut ctx2);
+                            s.counters.mem_records.fetch_add(1, Ordering::Relaxed);
+                            w.push(m.as_bytes());
+                        }
+                        _ => {
+                            s.counters.other_records.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+            let mut dropped = 0usize;
+            // SAFETY: valid out pointer; ctx/stream as CUPTI gave them.
+            unsafe { (api.cuptiActivityGetNumDroppedRecords)(ctx, stream_id, &mut dropped) };
+            if dropped > 0 {
+                if let Some(t) = &s.transport {
+                    t.header
+                        .cupti_dropped
+                        .fetch_add(dropped as u64, Ordering::Relaxed);
+                }
+            }
+        }
+    });
+    if let Some(s) = SHIM.get() {
+        if let Ok(mut pool) = s.buffers.lock() {
+            if pool.len() < BUFFER_POOL {
+                pool.push(owned);
+            }
+        }
+    }
+}
+
+/// The background thread: flushes CUPTI, moves queued records, keeps the agent connection,
+/// applies diagnostic requests.
+fn flusher() {
+    let period = Duration::from_millis(
+        std::env::var("SLO_PROBE_FLUSH_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(200)
+            .clamp(10, 10_000),
+    );
+    let mut ticks = 0u64;
+    loop {
+        std::thread::sleep(period);
+        if FORKED.load(Ordering::Relaxed) {
+            return;
+        }
+        let _ = catch_unwind(|| flush_once(ticks));
+        ticks += 1;
+    }
+}
+
+fn flush_once(ticks: u64) {
+    let Some(s) = SHIM.get() else { return };
+    if s.tracing() {
+        if let Some(api) = &s.api {
+            // SAFETY: never called from a CUPTI callback; one flusher thread.
+            unsafe { (api.cuptiActivityFlushAll)(0) };
+        }
+    }
+    if let Ok(mut w) = s.writer.lock() {
+        s.drain_queue(&mut w);
+    }
+    if let Some(t) = &s.transport {
+        // Diagnostic requests: from the agent (control word) or the script.
+        let control = t.header.control.load(Ordering::Acquire);
+        let generation = (control >> 32) as u32;
+        let mut want = s.diag_request.swap(0, Ordering::AcqRel);
+        if generation != 0 && generation != s.control_generation.load(Ordering::Relaxed) {
+            s.control_generation.store(generation, Ordering::Relaxed);
+            want = want.max(control as u32);
+        }
+        if want > 0 && !s.diag_always {
+            let until = s.steps_ended.load(Ordering::Relaxed) + u64::from(want);
+            s.diag_until_step.store(until, Ordering::Relaxed);
+            s.set_diagnostic(true);
+        }
+        let until = s.diag_until_step.load(Ordering::Relaxed);
+        if until != 0 && s.steps_ended.load(Ordering::Relaxed) >= until {
+            s.diag_until_step.store(0, Ordering::Relaxed);
+            s.set_diagnostic(false);
+        }
+        if ticks % 5 == 0 {
+            let status = s.status.load(Ordering::Relaxed);
+            let up = t.ensure_connected(s.cupti_version, status as u32);
+            s.set_status(STATUS_CONNECTED, up);
+        }
+    }
+}
+
+extern "C" fn at_exit() {
+    let _ = catch_unwind(|| {
+        if FORKED.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(s) = SHIM.get() else { return };
+        if s.tracing() {
+            if let Some(api) = &s.api {
+                // SAFETY: forced flush at exit, from the exiting thread.
+                unsafe { (api.cuptiActivityFlushAll)(FLUSH_FORCED) };
+            }
+        }
+        if let Ok(mut w) = s.writer.lock() {
+            s.drain_queue(&mut w);
+        }
+    });
+}
+
+/// Called by the CUDA driver once, during `cuInit`, when this library is named in
+/// `CUDA_INJECTION64_PATH`. Returns 1 (success) even when tracing cannot start, so that the
+/// job always runs; the reason goes to stderr and to the agent's status.
+#[no_mangle]
+pub extern "C" fn InitializeInjection() -> i32 {
+    guard(1, || {
+        if INJECTED.swap(true, Ordering::AcqRel) {
+            return 1;
+        }
+        let s = shim();
+        // SAFETY: registering a function with no preconditions.
+        unsafe { libc::atexit(at_exit) };
+        match s.start_tracing() {
+            Ok(()) => {
+                if s.log {
+                    say!("tracing (CUPTI {})", s.cupti_version);
+                }
+            }
+            Err(e) => say!("{e}"),
+        }
+        1
+    })
+}
+
+/// ABI version of the `slo_probe_*` functions: 1.
+#[no_mangle]
+pub extern "C" fn slo_probe_shim_version() -> i32 {
+    1
+}
+
+fn step_marker(step: u64, phase: u32) {
+    let s = shim();
+    if phase == STEP_END {
+        s.steps_ended.fetch_add(1, Ordering::Relaxed);
+    }
+    s.push_queued(Queued::Step(StepRecord {
+        header: RecordHeader::of::<StepRecord>(),
+        step,
+        ts_ns: now_ns(),
+        tid: tid(),
+        phase,
+    }));
+}
+
+/// Marks the start of training iteration `step`. Never blocks.
+#[no_mangle]
+pub extern "C" fn slo_probe_step_begin(step: u64) {
+    guard((), || step_marker(step, STEP_BEGIN));
+}
+
+/// Marks the end of training iteration `step`. Never blocks.
+#[no_mangle]
+pub extern "C" fn slo_probe_step_end(step: u64) {
+    guard((), || step_marker(step, STEP_END));
+}
+
+/// Returns the id of operator `name` (NUL-terminated UTF-8), creating it on first use; 0 on
+/// failure. Call once per distinct name and cache the id.
+///
+/// # Safety
+/// `name` must be null or a valid NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn slo_probe_intern_op(name: *const c_char) -> u32 {
+    guard(0, || {
+        if name.is_null() {
+            return 0;
+        }
+        // SAFETY: per the contract.
+        let name = unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned();
+        let s = shim();
+        let Ok(mut names) = s.op_names.lock() else {
+            return 0;
+        };
+        if let Some(&id) = names.get(&name) {
+            return id;
+        }
+        let id = s.next_name_id.fetch_add(1, Ordering::Relaxed);
+        names.insert(name.clone(), id);
+        s.push_queued(Queued::OpName {
+            id,
+            name: name.into_boxed_str(),
+        });
+        id
+    })
+}
+
+/// Pushes operator `id` on the calling thread's operator stack: kernels it launches (and graph
+/// nodes it captures) are attributed to it until the matching pop.
+#[no_mangle]
+pub extern "C" fn slo_probe_op_push(id: u32) {
+    guard((), || OPS.with(|o| o.borrow_mut().push(id)));
+}
+
+/// Pops the calling thread's operator stack (no effect when empty).
+#[no_mangle]
+pub extern "C" fn slo_probe_op_pop() {
+    guard((), || {
+        OPS.with(|o| {
+            o.borrow_mut().pop();
+        })
+    });
+}
+
+/// Hands CUPTI to another tool (torch.profiler): flushes, unsubscribes. 0 on success.
+#[no_mangle]
+pub extern "C" fn slo_probe_cupti_release() -> i32 {
+    guard(-1, || match shim().stop_tracing() {
+        Ok(()) => 0,
+        Err(e) => {
+            say!("{e}");
+            -2
+        }
+    })
+}
+
+/// Takes CUPTI back after [`slo_probe_cupti_release`]. 0 on success.
+#[no_mangle]
+pub extern "C" fn slo_probe_cupti_reacquire() -> i32 {
+    guard(-1, || {
+        let s = shim();
+        if s.tracing() {
+            return 0;
+        }
+        match s.start_tracing() {
+            Ok(()) => 0,
+            Err(e) => {
+                say!("{e}");
+                -2
+            }
+        }
+    })
+}
+
+/// The shim's state: `STATUS_*` bits of [`slo_probe_common::ring`] (1 tracing, 2 connected,
+/// 4 lost the CUPTI race, 8 diagnostic, 16 released).
+#[no_mangle]
+pub extern "C" fn slo_probe_status() -> u32 {
+    guard(0, || shim().status.load(Ordering::Relaxed) as u32)
+}
+
+/// Asks for node-level graph tracing during the next `steps` iterations (then back to
+/// graph-level).
+#[no_mangle]
+pub extern "C" fn slo_probe_request_diagnostic(steps: u32) {
+    guard((), || shim().diag_request.store(steps.max(1), Ordering::Release));
+}
+
+/// Copies up to `n` debug counters into `out` and returns how many exist: launches seen on the
+/// driver and runtime APIs, kernel records, correlation hits and misses, graph records, memory
+/// records, graph nodes created and cloned, buffers completed, queue drops, other records.
+///
+/// # Safety
+/// `out` must point to `n` writable u64s (or be null with `n` 0).
+#[no_mangle]
+pub unsafe extern "C" fn slo_probe_debug_counters(out: *mut u64, n: usize) -> usize {
+    guard(0, || {
+        let c = &shim().counters;
+        let all = [
+            &c.launches_driver,
+            &c.launches_runtime,
+            &c.kernel_records,
+            &c.corr_hits,
+            &c.corr_misses,
+            &c.graph_records,
+            &c.mem_records,
+            &c.nodes_created,
+            &c.nodes_cloned,
+            &c.buffers_completed,
+            &c.queue_dropped,
+            &c.other_records,
+        ];
+        for (i, v) in all.iter().enumerate().take(n) {
+            // SAFETY: per the contract, i < n.
+            unsafe { *out.add(i) = v.load(Ordering::Relaxed) };
+        }
+        all.len()
+    })
+}
+
+/// Forces a flush of CUPTI's buffers and the queue into the ring (for scripts and tests).
+#[no_mangle]
+pub extern "C" fn slo_probe_flush() {
+    guard((), || {
+        let s = shim();
+        if s.tracing() {
+            if let Some(api) = &s.api {
+                // SAFETY: not from a CUPTI callback.
+                unsafe { (api.cuptiActivityFlushAll)(FLUSH_FORCED) };
+            }
+        }
+        if let Ok(mut w) = s.writer.lock() {
+            s.drain_queue(&mut w);
+        }
+    });
+}
