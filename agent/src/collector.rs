@@ -29,6 +29,7 @@ use crate::{
         cgroup::{self, CgroupMounts},
         ebpf::{EbpfError, EbpfSettings, Probes},
         procfs,
+        shim::ShimSource,
     },
 };
 
@@ -55,6 +56,8 @@ pub struct Collector {
     last_counters: [u64; Counter::COUNT as usize],
     ticks: u64,
     retention_ticks: u64,
+    shim: Option<ShimSource>,
+    shim_down: String,
 }
 
 impl Collector {
@@ -88,6 +91,20 @@ impl Collector {
             };
             (Some(Probes::load(&settings)?), String::new())
         };
+        let (shim, shim_down) = if config.shim.enabled {
+            let record = (!config.shim.record_dir.as_os_str().is_empty())
+                .then(|| config.shim.record_dir.clone());
+            match ShimSource::start(&config.shim.socket, &config.shim.allowed_uids, record) {
+                Ok(s) => (Some(s), String::new()),
+                Err(e) => {
+                    let reason = crate::error_chain(&e);
+                    log::warn!("CUPTI shims cannot register: {reason}");
+                    (None, reason)
+                }
+            }
+        } else {
+            (None, "disabled in config (shim.enabled = false)".to_owned())
+        };
         let mut tree = ProcessTree::new();
         tree.set_roots(roots.iter().copied());
         let mut c = Self {
@@ -105,9 +122,16 @@ impl Collector {
             last_counters: [0; Counter::COUNT as usize],
             ticks: 0,
             retention_ticks: config.retention_ticks(),
+            shim,
+            shim_down,
         };
         c.scan_processes();
         Ok(c)
+    }
+
+    /// The CUPTI shims' source, when listening.
+    pub fn shim(&self) -> Option<&ShimSource> {
+        self.shim.as_ref()
     }
 
     /// Whether the eBPF probes are loaded.
@@ -179,6 +203,11 @@ impl Collector {
                             Ok((AnyRecord::RunqLatency(r), _)) => self.outliers.push(&r),
                             Ok((AnyRecord::ProcessEvent(e), _)) => self.tree.apply_event(&e),
                             Ok((AnyRecord::TcpRetransmit(r), _)) => self.conns.push_record(&r),
+                            Ok((other, _)) => {
+                                // GPU records come through the shim source, never the kernel.
+                                self.decode_failed += 1;
+                                log::warn!("unexpected record from the kernel: {other:?}");
+                            }
                             Err(e) => {
                                 self.decode_failed += 1;
                                 log::warn!("dropped a malformed record: {e}");
@@ -284,8 +313,19 @@ impl Collector {
             });
         }
 
+        let shims = self
+            .shim
+            .as_ref()
+            .map(ShimSource::snapshot)
+            .unwrap_or_default();
+        statuses.push(ProbeStatus {
+            name: "shim",
+            up: self.shim.is_some(),
+            reason: self.shim_down.clone(),
+        });
         let mut counters = self.last_counters;
-        counters[Counter::DecodeFailed as usize] += self.decode_failed;
+        counters[Counter::DecodeFailed as usize] +=
+            self.decode_failed + shims.iter().map(|s| s.decode_failed).sum::<u64>();
         let outliers = match &threads {
             Some(t) => self.outliers.snapshot(|pid| t.process(pid).is_some()),
             None => self.outliers.snapshot(|_| true),
@@ -297,6 +337,7 @@ impl Collector {
             net,
             cgroups,
             pressure,
+            shims,
             counters,
             probes: statuses,
             agent: AgentStats {

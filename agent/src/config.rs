@@ -71,8 +71,51 @@ pub struct Config {
     pub prometheus: PrometheusConfig,
     /// `[probes]`.
     pub probes: ProbesConfig,
+    /// `[shim]`.
+    pub shim: ShimConfig,
     /// `[roles]`.
     pub roles: RolesConfig,
+}
+
+/// `[shim]`: the CUPTI shims' socket.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShimConfig {
+    /// Accept shims. Default true.
+    pub enabled: bool,
+    /// Socket path. Default [`crate::sources::shim::DEFAULT_SOCKET`].
+    pub socket: std::path::PathBuf,
+    /// Extra uids allowed to connect. Default empty.
+    pub allowed_uids: Vec<u32>,
+    /// Library `observe` injects; empty: next to the binary. Default empty.
+    pub library: std::path::PathBuf,
+    /// Where to record GPU records; empty: off. Default empty.
+    pub record_dir: std::path::PathBuf,
+}
+
+impl Default for ShimConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            socket: crate::sources::shim::DEFAULT_SOCKET.into(),
+            allowed_uids: Vec::new(),
+            library: std::path::PathBuf::new(),
+            record_dir: std::path::PathBuf::new(),
+        }
+    }
+}
+
+impl ShimConfig {
+    /// The shim library to inject: the configured one, else `libslo_probe_cupti.so` next to
+    /// the running binary.
+    pub fn library_path(&self) -> Option<std::path::PathBuf> {
+        if !self.library.as_os_str().is_empty() {
+            return Some(self.library.clone());
+        }
+        let exe = std::env::current_exe().ok()?;
+        let lib = exe.parent()?.join("libslo_probe_cupti.so");
+        lib.exists().then_some(lib)
+    }
 }
 
 /// `[target]`: the job to follow.

@@ -68,6 +68,13 @@ enum Cmd {
         /// Rows of the per-thread table.
         #[arg(long, default_value_t = 20)]
         top: usize,
+        /// Also write the observation as JSON to this file (iterations, GPU counters, roles).
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+        /// Do not inject the CUPTI shim into the command (by default `libslo_probe_cupti.so`
+        /// next to this binary is injected with CUDA_INJECTION64_PATH when it exists).
+        #[arg(long)]
+        no_gpu: bool,
         /// The command and its arguments (after `--`).
         #[arg(required = true, last = true)]
         command: Vec<String>,
@@ -136,6 +143,8 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             config,
             duration,
             top,
+            json,
+            no_gpu,
             command,
         } => {
             let config = load_config(config.as_ref())?;
@@ -144,13 +153,34 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 "--duration must be a positive number of seconds"
             );
             let mut collector = Collector::new(&config, false, true)?;
+            let inject = observe::Inject {
+                library: (!no_gpu && collector.shim().is_some())
+                    .then(|| config.shim.library_path())
+                    .flatten(),
+                socket: collector.shim().map(|s| s.path().to_owned()),
+            };
+            match &inject.library {
+                Some(lib) => log::info!("injecting the CUPTI shim {}", lib.display()),
+                None if !no_gpu => log::info!(
+                    "no CUPTI shim to inject (libslo_probe_cupti.so next to slo-probe, or \
+                     shim.library): GPU tracing off"
+                ),
+                None => {}
+            }
             let obs = observe::run(
                 &mut collector,
                 &command,
                 Duration::from_secs_f64(duration),
                 config.tick(),
+                &inject,
             )?;
             print!("{}", observe::report(&obs, &command.join(" "), top));
+            if let Some(path) = json {
+                let text = serde_json::to_string_pretty(&observe::json(&obs, &command.join(" ")))
+                    .context("cannot encode the observation")?;
+                std::fs::write(&path, text)
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+            }
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Check => {

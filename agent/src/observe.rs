@@ -65,9 +65,18 @@ fn stop_child(child: &mut Child) {
     let _ = child.wait();
 }
 
+/// Environment for the command: the CUPTI shim to inject and the socket it registers on.
+#[derive(Clone, Debug, Default)]
+pub struct Inject {
+    /// `CUDA_INJECTION64_PATH`.
+    pub library: Option<std::path::PathBuf>,
+    /// `SLO_PROBE_SOCKET`.
+    pub socket: Option<std::path::PathBuf>,
+}
+
 /// Starts `command` held before it runs until the returned writer is written to or closed, so
 /// that the probes follow it from its first instruction. Needs `/bin/sh`.
-fn spawn_held(command: &[String]) -> Result<(Child, std::fs::File), ObserveError> {
+fn spawn_held(command: &[String], inject: &Inject) -> Result<(Child, std::fs::File), ObserveError> {
     let line = command.join(" ");
     let spawn_err = |source| ObserveError::Spawn {
         command: line.clone(),
@@ -94,6 +103,15 @@ fn spawn_held(command: &[String]) -> Result<(Child, std::fs::File), ObserveError
         .arg("slo-probe-held")
         .arg(program)
         .args(args);
+    // The user's own CUDA_INJECTION64_PATH wins.
+    if let Some(lib) = &inject.library {
+        if std::env::var_os("CUDA_INJECTION64_PATH").is_none() {
+            cmd.env("CUDA_INJECTION64_PATH", lib);
+        }
+    }
+    if let Some(sock) = &inject.socket {
+        cmd.env("SLO_PROBE_SOCKET", sock);
+    }
     // SAFETY: the hook only calls async-signal-safe functions (dup2, fcntl).
     unsafe {
         cmd.pre_exec(move || {
@@ -124,8 +142,9 @@ pub fn run(
     command: &[String],
     duration: Duration,
     tick: Duration,
+    inject: &Inject,
 ) -> Result<Observation, ObserveError> {
-    let (mut child, mut release) = spawn_held(command)?;
+    let (mut child, mut release) = spawn_held(command, inject)?;
     let root = child.id();
     if let Err(e) = collector.add_root(root) {
         stop_child(&mut child);
@@ -170,6 +189,13 @@ pub fn run(
     }
     // Read once more while the threads still exist (or just after they exited, so their final
     // entries are in), then stop the command if it is still running.
+    if let Some(shim) = collector.shim() {
+        // Give a shim that is still running one flush period to hand over its last records.
+        if exit.is_none() {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        shim.finish();
+    }
     let snapshot = collector.tick();
     if let Some(t) = &snapshot.threads {
         pids.extend(t.processes.iter().map(|p| p.pid));
@@ -422,6 +448,10 @@ pub fn report(obs: &Observation, command: &str, top: usize) -> String {
         }
     }
 
+    for p in s.shims.iter().filter(|p| obs.pids.contains(&p.pid)) {
+        gpu_report(&mut out, p);
+    }
+
     let outliers: u64 = obs
         .pids
         .iter()
@@ -481,6 +511,185 @@ pub fn report(obs: &Observation, command: &str, top: usize) -> String {
     out
 }
 
+fn gpu_report(out: &mut String, p: &slo_probe_core::gputrace::ShimProcess) {
+    use slo_probe_common::ring::{STATUS_DIAGNOSTIC, STATUS_LOST_RACE, STATUS_TRACING};
+    let _ = writeln!(
+        out,
+        "\nGPU (CUPTI shim of pid {}, CUPTI {}): {} records ({} kernels, {} graph launches, {} \
+         memory ops, {} graph nodes, {} steps); dropped {} by the shim, {} by CUPTI{}{}",
+        p.pid,
+        p.cupti_version,
+        p.records,
+        p.seen[0],
+        p.seen[1],
+        p.seen[2],
+        p.seen[3],
+        p.seen[5] / 2,
+        p.dropped,
+        p.cupti_dropped,
+        if p.status & STATUS_LOST_RACE != 0 {
+            "; LOST the CUPTI race (another tool subscribed first)"
+        } else if p.status & STATUS_TRACING == 0 {
+            "; not tracing"
+        } else {
+            ""
+        },
+        if p.status & STATUS_DIAGNOSTIC != 0 {
+            "; node-level tracing on"
+        } else {
+            ""
+        },
+    );
+    if p.iterations.is_empty() {
+        let _ = writeln!(out, "  no complete iteration");
+        return;
+    }
+    let mut walls: Vec<u64> = p.iterations.iter().map(|i| i.wall_ns()).collect();
+    walls.sort_unstable();
+    let q = |v: &[u64], q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    let busy: u64 = p.iterations.iter().map(|i| i.gpu_busy_ns).sum();
+    let wall: u64 = walls.iter().sum();
+    let mut lat: Vec<u64> = p
+        .iterations
+        .iter()
+        .flat_map(|i| i.launch_latencies_ns.iter().copied())
+        .collect();
+    lat.sort_unstable();
+    let _ = writeln!(
+        out,
+        "  {} iterations ({}): wall p50 {}, p99 {}; GPU busy {:.1}%; {:.1} kernels and {:.1} graph \
+         launches per iteration; launch latency p50 {}, p99 {}; GPU idle before the first kernel \
+         {} on average",
+        p.iterations.len(),
+        if p.iterations[0].marked {
+            "step markers"
+        } else {
+            "detected"
+        },
+        human_ns(q(&walls, 0.5) as f64),
+        human_ns(q(&walls, 0.99) as f64),
+        100.0 * busy as f64 / wall.max(1) as f64,
+        p.iterations.iter().map(|i| f64::from(i.kernels)).sum::<f64>() / p.iterations.len() as f64,
+        p.iterations
+            .iter()
+            .map(|i| f64::from(i.graph_launches))
+            .sum::<f64>()
+            / p.iterations.len() as f64,
+        if lat.is_empty() {
+            "-".into()
+        } else {
+            human_ns(q(&lat, 0.5) as f64)
+        },
+        if lat.is_empty() {
+            "-".into()
+        } else {
+            human_ns(q(&lat, 0.99) as f64)
+        },
+        human_ns(
+            p.iterations
+                .iter()
+                .map(|i| i.idle_before_first_ns as f64)
+                .sum::<f64>()
+                / p.iterations.len() as f64
+        ),
+    );
+    let mut ops: std::collections::BTreeMap<&str, (u64, u32)> = Default::default();
+    for i in &p.iterations {
+        for o in &i.ops {
+            let e = ops.entry(o.op.as_str()).or_default();
+            e.0 += o.gpu_ns;
+            e.1 += o.kernels;
+        }
+    }
+    let mut ops: Vec<_> = ops.into_iter().collect();
+    ops.sort_by(|a, b| b.1 .0.cmp(&a.1 .0));
+    let total: u64 = ops.iter().map(|o| o.1 .0).sum();
+    let _ = writeln!(out, "  operators by GPU time:");
+    for (op, (ns, k)) in ops.iter().take(8) {
+        let _ = writeln!(
+            out,
+            "    {:>5.1}%  {op} ({k} kernels)",
+            100.0 * *ns as f64 / total.max(1) as f64
+        );
+    }
+}
+
+/// The observation as JSON (for scripts): per process of the job, the shim's counters and every
+/// iteration, and the host view by role.
+pub fn json(obs: &Observation, command: &str) -> serde_json::Value {
+    use serde_json::json;
+    let s = &obs.snapshot;
+    let shims: Vec<_> = s
+        .shims
+        .iter()
+        .filter(|p| obs.pids.contains(&p.pid))
+        .map(|p| {
+            json!({
+                "pid": p.pid,
+                "connected": p.connected,
+                "status": p.status,
+                "cupti_version": p.cupti_version,
+                "records": p.records,
+                "dropped": p.dropped,
+                "cupti_dropped": p.cupti_dropped,
+                "corrupt_bytes": p.corrupt_bytes,
+                "decode_failed": p.decode_failed,
+                "seen": {
+                    "kernels": p.seen[0], "graphs": p.seen[1], "memory": p.seen[2],
+                    "graph_nodes": p.seen[3], "strings": p.seen[4], "steps": p.seen[5],
+                },
+                "iterations": p.iterations.iter().map(|i| json!({
+                    "step": i.step,
+                    "marked": i.marked,
+                    "start_ns": i.start_ns,
+                    "end_ns": i.end_ns,
+                    "wall_ns": i.wall_ns(),
+                    "gpu_busy_ns": i.gpu_busy_ns,
+                    "kernels": i.kernels,
+                    "graph_launches": i.graph_launches,
+                    "memory_ops": i.memory_ops,
+                    "idle_before_first_ns": i.idle_before_first_ns,
+                    "launch_latency_p50_ns": i.launch_latency_ns(0.5),
+                    "launch_latency_p99_ns": i.launch_latency_ns(0.99),
+                    "ops": i.ops.iter().take(20).map(|o| json!({
+                        "op": o.op, "gpu_ns": o.gpu_ns, "kernels": o.kernels,
+                    })).collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let roles: serde_json::Map<String, serde_json::Value> = s
+        .threads
+        .as_ref()
+        .map(|t| {
+            t.by_role(Some(&obs.pids))
+                .into_iter()
+                .map(|(r, c)| {
+                    (
+                        r.as_str().to_owned(),
+                        json!({
+                            "runq_waits": c.runq.count,
+                            "runq_ns": c.runq.total_ns,
+                            "offcpu_voluntary_ns": c.offcpu_voluntary_ns,
+                            "offcpu_involuntary_ns": c.offcpu_involuntary_ns,
+                            "tcp_sent_bytes": c.tcp_sent_bytes,
+                            "tcp_recv_bytes": c.tcp_recv_bytes,
+                        }),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    json!({
+        "command": command,
+        "elapsed_s": obs.elapsed.as_secs_f64(),
+        "exit_code": obs.exit.and_then(|e| e.code()),
+        "pids": obs.pids.iter().collect::<Vec<_>>(),
+        "roles": roles,
+        "gpu": shims,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -497,8 +706,11 @@ mod tests {
 
     #[test]
     fn held_child_runs_only_when_released() {
-        let (mut child, mut release) =
-            spawn_held(&["sh".into(), "-c".into(), "exit 7".into()]).expect("spawn");
+        let (mut child, mut release) = spawn_held(
+            &["sh".into(), "-c".into(), "exit 7".into()],
+            &Inject::default(),
+        )
+        .expect("spawn");
         std::thread::sleep(Duration::from_millis(200));
         assert!(
             child.try_wait().expect("try_wait").is_none(),

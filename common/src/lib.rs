@@ -27,6 +27,7 @@ use core::{fmt, mem::size_of};
 pub mod gpu;
 pub mod net;
 pub mod proc;
+#[cfg(not(target_arch = "bpf"))]
 pub mod ring;
 pub mod sched;
 

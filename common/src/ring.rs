@@ -233,9 +233,7 @@ impl Ring {
         if magic != RING_MAGIC || version != RING_VERSION {
             return Err(RingError::BadHeader);
         }
-        if !capacity.is_power_of_two()
-            || capacity < 64
-            || capacity > (len - RING_HEADER_LEN) as u64
+        if !capacity.is_power_of_two() || capacity < 64 || capacity > (len - RING_HEADER_LEN) as u64
         {
             return Err(RingError::BadCapacity);
         }
@@ -439,7 +437,10 @@ mod tests {
             Some(RingError::BadHeader)
         );
         // SAFETY: as above.
-        assert_eq!(unsafe { Ring::init(base, 100, 1) }.err(), Some(RingError::TooSmall));
+        assert_eq!(
+            unsafe { Ring::init(base, 100, 1) }.err(),
+            Some(RingError::TooSmall)
+        );
         // SAFETY: as above.
         unsafe { Ring::init(base, mem.len() * 8, 1) }.expect("init");
         // SAFETY: as above; a capacity that does not fit the region.

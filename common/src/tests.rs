@@ -271,7 +271,12 @@ fn gpu_records_and_strings_round_trip() {
     };
     let mut buf = Vec::from(k.as_bytes());
     let mut s = [0u8; 64];
-    let used = StringRecord::encode(5, gpu::STRING_KERNEL, b"triton_poi_fused_addmm_relu_0", &mut s);
+    let used = StringRecord::encode(
+        5,
+        gpu::STRING_KERNEL,
+        b"triton_poi_fused_addmm_relu_0",
+        &mut s,
+    );
     assert_eq!(used % 8, 0);
     buf.extend_from_slice(&s[..used]);
     let got: Vec<_> = RecordIter::new(&buf).collect();

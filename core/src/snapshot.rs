@@ -134,6 +134,8 @@ pub struct Snapshot {
     pub cgroups: Vec<CgroupRow>,
     /// System-wide pressure stall information (empty where the kernel has no PSI).
     pub pressure: Vec<PressureRow>,
+    /// Training processes with a CUPTI shim: GPU activity and iterations.
+    pub shims: Vec<crate::gputrace::ShimProcess>,
     /// Kernel-side drop and error counters, indexed by [`Counter`], plus the agent's own
     /// decode errors in [`Counter::DecodeFailed`].
     pub counters: [u64; Counter::COUNT as usize],

@@ -212,7 +212,10 @@ mod tests {
         put(offset_of!(Kernel10, correlationId), &8u32.to_ne_bytes());
         put(offset_of!(Kernel10, gridX), &64i32.to_ne_bytes());
         put(offset_of!(Kernel10, blockX), &256i32.to_ne_bytes());
-        put(offset_of!(Kernel10, registersPerThread), &40u16.to_ne_bytes());
+        put(
+            offset_of!(Kernel10, registersPerThread),
+            &40u16.to_ne_bytes(),
+        );
         put(offset_of!(Kernel10, graphNodeId), &99u64.to_ne_bytes());
         put(offset_of!(Kernel10, graphId), &4u32.to_ne_bytes());
         // SAFETY: a buffer of the record's size.

@@ -643,8 +643,12 @@ unsafe extern "C" fn buffer_completed(
         return;
     }
     // SAFETY: `buffer` is one we handed out in `buffer_requested`, `size` its length.
-    let owned: Box<[u64]> =
-        unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(buffer.cast::<u64>(), size / 8)) };
+    let owned: Box<[u64]> = unsafe {
+        Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+            buffer.cast::<u64>(),
+            size / 8,
+        ))
+    };
     guard((), || {
         let s = shim();
         if let (Some(api), Ok(mut w)) = (&s.api, s.writer.lock()) {
@@ -858,7 +862,9 @@ pub unsafe extern "C" fn slo_probe_intern_op(name: *const c_char) -> u32 {
             return 0;
         }
         // SAFETY: per the contract.
-        let name = unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned();
+        let name = unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned();
         let s = shim();
         let Ok(mut names) = s.op_names.lock() else {
             return 0;
@@ -934,7 +940,9 @@ pub extern "C" fn slo_probe_status() -> u32 {
 /// graph-level).
 #[no_mangle]
 pub extern "C" fn slo_probe_request_diagnostic(steps: u32) {
-    guard((), || shim().diag_request.store(steps.max(1), Ordering::Release));
+    guard((), || {
+        shim().diag_request.store(steps.max(1), Ordering::Release)
+    });
 }
 
 /// Copies up to `n` debug counters into `out` and returns how many exist: launches seen on the

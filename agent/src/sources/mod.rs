@@ -3,4 +3,5 @@
 pub mod cgroup;
 pub mod ebpf;
 pub mod procfs;
+pub mod shim;
 pub mod tracefs;

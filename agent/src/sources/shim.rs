@@ -1,0 +1,451 @@
+//! The CUPTI shims' source: a Unix socket where each shim registers (its ring's memfd arrives
+//! with `SCM_RIGHTS`), and a consumer thread that drains every ring every 50 ms, decodes the
+//! records and folds them into one [`TraceAssembler`] per training process.
+//!
+//! Only root and the allowed user may connect (`SO_PEERCRED`; the socket file is 0660). A
+//! process that dies mid-write leaves nothing half-visible (the ring publishes whole records);
+//! its ring is drained once more and unmapped when its connection closes. A restarted agent
+//! gets the same rings back: shims re-register every second.
+
+use std::{
+    collections::BTreeMap,
+    fs::File,
+    io::{self, Write},
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::{
+            fs::PermissionsExt,
+            net::{UnixListener, UnixStream},
+        },
+    },
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+    thread,
+    time::Duration,
+};
+
+use slo_probe_common::{
+    decode,
+    ring::{Ring, ShimHello, RING_HEADER_LEN},
+};
+use slo_probe_core::gputrace::{ShimProcess, TraceAssembler};
+
+/// Default socket path.
+pub const DEFAULT_SOCKET: &str = "/run/slo-probe/shim.sock";
+/// Iterations kept per process for snapshots.
+const KEEP_ITERATIONS: usize = 512;
+/// How long a marked iteration waits for its GPU records (ns of GPU time past its end).
+const SETTLE_NS: u64 = 50_000_000;
+
+/// Errors of the shim source.
+#[derive(Debug, thiserror::Error)]
+pub enum ShimError {
+    /// The socket could not be created.
+    #[error(
+        "cannot listen for CUPTI shims on {path}: {source}; choose another path with \
+         shim.socket in the config, or run as root"
+    )]
+    Listen {
+        /// The path.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// One shim's mapping.
+struct Mapping {
+    base: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: the mapping is only accessed through `Ring`, whose consumer side is used by the single
+// consumer thread.
+unsafe impl Send for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping of `len` bytes.
+        unsafe { libc::munmap(self.base, self.len) };
+    }
+}
+
+struct Conn {
+    pid: u32,
+    cupti_version: u32,
+    stream: UnixStream,
+    ring: Ring,
+    _mapping: Mapping,
+    closed: bool,
+}
+
+struct State {
+    conns: Vec<Conn>,
+    procs: BTreeMap<u32, (ShimProcess, TraceAssembler)>,
+    recorder: Option<PathBuf>,
+}
+
+/// The listener, the consumer thread, and what they collected.
+pub struct ShimSource {
+    state: Arc<Mutex<State>>,
+    stop: Arc<AtomicBool>,
+    path: PathBuf,
+}
+
+impl ShimSource {
+    /// Listens on `path`, accepting shims from root, the agent's own user and `allowed`.
+    /// With `record_dir`, every record consumed is also appended to `<dir>/<pid>.bin` (the
+    /// fixtures that tests replay).
+    pub fn start(
+        path: &Path,
+        allowed: &[u32],
+        record_dir: Option<PathBuf>,
+    ) -> Result<Self, ShimError> {
+        let allowed = allowed.to_vec();
+        let listen_err = |source| ShimError::Listen {
+            path: path.display().to_string(),
+            source,
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(listen_err)?;
+        }
+        let _ = std::fs::remove_file(path);
+        let listener = UnixListener::bind(path).map_err(listen_err)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+            .map_err(listen_err)?;
+        if let Some(&uid) = allowed.first() {
+            let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+                .map_err(|e| listen_err(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
+            // SAFETY: a valid path; -1 keeps the group.
+            unsafe { libc::chown(c.as_ptr(), uid, u32::MAX) };
+        }
+        if let Some(d) = &record_dir {
+            std::fs::create_dir_all(d).map_err(listen_err)?;
+        }
+        let state = Arc::new(Mutex::new(State {
+            conns: Vec::new(),
+            procs: BTreeMap::new(),
+            recorder: record_dir,
+        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        {
+            let state = state.clone();
+            let stop = stop.clone();
+            thread::Builder::new()
+                .name("slo-shim-accept".into())
+                .spawn(move || accept_loop(listener, state, stop, allowed))
+                .map_err(listen_err)?;
+        }
+        {
+            let state = state.clone();
+            let stop = stop.clone();
+            thread::Builder::new()
+                .name("slo-shim-drain".into())
+                .spawn(move || drain_loop(state, stop))
+                .map_err(listen_err)?;
+        }
+        Ok(Self {
+            state,
+            stop,
+            path: path.to_owned(),
+        })
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// What every shim reported so far.
+    pub fn snapshot(&self) -> Vec<ShimProcess> {
+        self.state
+            .lock()
+            .map(|s| s.procs.values().map(|(p, _)| p.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Drains every ring now and completes every pending iteration (used at the end of
+    /// `observe`, after the command has exited).
+    pub fn finish(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            drain_all(&mut s, true);
+        }
+    }
+
+    /// Asks every connected shim for node-level graph tracing during `steps` iterations.
+    pub fn request_diagnostic(&self, steps: u32) {
+        if let Ok(s) = self.state.lock() {
+            for c in &s.conns {
+                let h = c.ring.header();
+                let generation = (h.control.load(Ordering::Relaxed) >> 32) as u32 + 1;
+                h.control.store(
+                    (u64::from(generation) << 32) | u64::from(steps),
+                    Ordering::Release,
+                );
+            }
+        }
+    }
+
+    /// Decode failures, for the agent's error counter.
+    pub fn decode_failed(&self) -> u64 {
+        self.snapshot().iter().map(|p| p.decode_failed).sum()
+    }
+}
+
+impl Drop for ShimSource {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn accept_loop(
+    listener: UnixListener,
+    state: Arc<Mutex<State>>,
+    stop: Arc<AtomicBool>,
+    allowed: Vec<u32>,
+) {
+    let _ = listener.set_nonblocking(true);
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((stream, _)) => match register(stream, me, &allowed) {
+                Ok(conn) => {
+                    log::info!("CUPTI shim of pid {} registered", conn.pid);
+                    if let Ok(mut s) = state.lock() {
+                        // A re-registration replaces the old connection of that process.
+                        s.conns.retain(|c| c.pid != conn.pid);
+                        let pid = conn.pid;
+                        let conn_cupti = conn.cupti_version;
+                        s.conns.push(conn);
+                        s.procs.entry(pid).or_insert_with(|| {
+                            (
+                                ShimProcess {
+                                    pid,
+                                    cupti_version: conn_cupti,
+                                    ..Default::default()
+                                },
+                                TraceAssembler::new(),
+                            )
+                        });
+                    }
+                }
+                Err(e) => log::warn!("refused a CUPTI shim connection: {e}"),
+            },
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => {
+                log::warn!("shim socket accept failed: {e}");
+                thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+}
+
+fn register(stream: UnixStream, me: u32, allowed: &[u32]) -> io::Result<Conn> {
+    let cred = peer_cred(&stream)?;
+    if cred.uid != 0 && cred.uid != me && !allowed.contains(&cred.uid) {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "uid {} is not allowed (add it to shim.allowed_uids)",
+                cred.uid
+            ),
+        ));
+    }
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let (hello, fd) = recv_with_fd(&stream)?;
+    let hello = ShimHello::from_bytes(&hello)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not a shim hello"))?;
+    if hello.pid != cred.pid as u32 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("hello for pid {} from pid {}", hello.pid, cred.pid),
+        ));
+    }
+    let len = usize::try_from(hello.ring_len)
+        .ok()
+        .filter(|&l| l > RING_HEADER_LEN && l <= 2 << 30)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad ring size"))?;
+    // The file must really be that large, or the mapping would fault on access.
+    let size = File::from(fd.try_clone()?).metadata()?.len();
+    if size < len as u64 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "ring file too small",
+        ));
+    }
+    // SAFETY: mapping a file we were given, shared, of a size checked above.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let mapping = Mapping { base, len };
+    // SAFETY: the mapping lives in the same Conn as the ring.
+    let ring = unsafe { Ring::open(base.cast(), len) }
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    stream.set_nonblocking(true)?;
+    Ok(Conn {
+        pid: hello.pid,
+        cupti_version: hello.cupti_version,
+        stream,
+        ring,
+        _mapping: mapping,
+        closed: false,
+    })
+}
+
+fn peer_cred(s: &UnixStream) -> io::Result<libc::ucred> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: valid socket and out buffer.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred)
+}
+
+fn recv_with_fd(s: &UnixStream) -> io::Result<(Vec<u8>, OwnedFd)> {
+    let mut data = vec![0u8; 64];
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: data.len(),
+    };
+    // SAFETY: pure computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<i32>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: zeroed msghdr is valid; buffers outlive recvmsg.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: valid socket and message.
+    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    data.truncate(n as usize);
+    // SAFETY: walking the control buffer recvmsg filled.
+    let fd = unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        if cmsg.is_null()
+            || (*cmsg).cmsg_level != libc::SOL_SOCKET
+            || (*cmsg).cmsg_type != libc::SCM_RIGHTS
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "no ring fd attached",
+            ));
+        }
+        std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>())
+    };
+    // SAFETY: a descriptor the kernel just installed for us.
+    Ok((data, unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+fn drain_loop(state: Arc<Mutex<State>>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        thread::sleep(Duration::from_millis(50));
+        if let Ok(mut s) = state.lock() {
+            drain_all(&mut s, false);
+        }
+    }
+}
+
+fn drain_all(s: &mut State, flush: bool) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let State {
+        conns,
+        procs,
+        recorder,
+    } = s;
+    for c in conns.iter_mut() {
+        let Some((p, asm)) = procs.get_mut(&c.pid) else {
+            continue;
+        };
+        let mut out = recorder
+            .as_ref()
+            .and_then(|d| {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(d.join(format!("{}.bin", c.pid)))
+                    .ok()
+            })
+            .map(io::BufWriter::new);
+        let mut failed = 0u64;
+        let n = c.ring.drain(&mut buf, |bytes| {
+            if let Some(w) = out.as_mut() {
+                let _ = w.write_all(bytes);
+            }
+            match decode(bytes) {
+                Ok((r, _)) => asm.push(&r),
+                Err(_) => failed += 1,
+            }
+        });
+        if let Some(mut w) = out {
+            let _ = w.flush();
+        }
+        let h = c.ring.header();
+        p.records += n as u64;
+        p.decode_failed += failed;
+        p.dropped = h.dropped_records.load(Ordering::Relaxed);
+        p.cupti_dropped = h.cupti_dropped.load(Ordering::Relaxed);
+        p.corrupt_bytes = h.corrupt_bytes.load(Ordering::Relaxed);
+        p.status = h.status.load(Ordering::Relaxed);
+        p.seen = asm.seen;
+        // EOF on the connection: the process exited or the shim closed it.
+        let mut b = [0u8; 1];
+        // SAFETY: valid socket and buffer.
+        let r = unsafe {
+            libc::recv(
+                c.stream.as_raw_fd(),
+                b.as_mut_ptr().cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        c.closed = r == 0;
+        p.connected = !c.closed;
+        let done = asm.take_iterations(SETTLE_NS, flush || c.closed);
+        p.iterations_total += done.len() as u64;
+        p.iterations.extend(done);
+        let excess = p.iterations.len().saturating_sub(KEEP_ITERATIONS);
+        p.iterations.drain(..excess);
+    }
+    conns.retain(|c| {
+        if c.closed {
+            log::info!("CUPTI shim of pid {} disconnected", c.pid);
+        }
+        !c.closed
+    });
+}

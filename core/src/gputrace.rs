@@ -1,0 +1,622 @@
+//! GPU traces from the CUPTI shim, turned into iterations: names and graph nodes resolved,
+//! activities assigned to the iteration whose host-side window contains their launch, and per
+//! iteration the wall time, GPU busy time, kernel and graph counts, launch latency, the GPU idle
+//! gap before the first kernel (data loading / host wait), and time per operator.
+//!
+//! Iteration boundaries come from step markers (`slo_probe.step()`) when the script sends them;
+//! otherwise they are detected: each launch of the CUDA graph replayed most often starts an
+//! iteration, or, without graphs, the period of the kernel-name sequence.
+
+use std::collections::{BTreeMap, HashMap};
+
+use slo_probe_common::{
+    gpu::{STEP_BEGIN, STEP_END, STRING_KERNEL, STRING_OP},
+    AnyRecord, GpuGraphRecord, GpuKernelRecord, GpuMemRecord,
+};
+
+/// What ran on the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActivityKind {
+    /// A kernel launched eagerly.
+    Kernel,
+    /// A kernel node of a CUDA graph (diagnostic mode).
+    GraphKernel,
+    /// A whole CUDA graph launch (graph-level trace).
+    Graph,
+    /// A memcpy or memset.
+    Memory,
+}
+
+/// One GPU activity with its names resolved to ids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Activity {
+    /// Kind.
+    pub kind: ActivityKind,
+    /// GPU start, ns.
+    pub start_ns: u64,
+    /// GPU end, ns.
+    pub end_ns: u64,
+    /// Host-side launch (API entry), ns; 0 if unknown.
+    pub launch_ns: u64,
+    /// Kernel name id (0 for graphs and memory).
+    pub name_id: u32,
+    /// Operator id (0 if none).
+    pub op_id: u32,
+    /// Graph id (0 if none).
+    pub graph_id: u32,
+    /// Stream.
+    pub stream_id: u32,
+}
+
+impl Activity {
+    fn from_kernel(k: &GpuKernelRecord) -> Self {
+        Self {
+            kind: if k.graph_id != 0 {
+                ActivityKind::GraphKernel
+            } else {
+                ActivityKind::Kernel
+            },
+            start_ns: k.start_ns,
+            end_ns: k.end_ns,
+            launch_ns: k.launch_ns,
+            name_id: k.name_id,
+            op_id: k.op_id,
+            graph_id: k.graph_id,
+            stream_id: k.stream_id,
+        }
+    }
+
+    fn from_graph(g: &GpuGraphRecord) -> Self {
+        Self {
+            kind: ActivityKind::Graph,
+            start_ns: g.start_ns,
+            end_ns: g.end_ns,
+            launch_ns: g.launch_ns,
+            name_id: 0,
+            op_id: g.op_id,
+            graph_id: g.graph_id,
+            stream_id: g.stream_id,
+        }
+    }
+
+    fn from_mem(m: &GpuMemRecord) -> Self {
+        Self {
+            kind: ActivityKind::Memory,
+            start_ns: m.start_ns,
+            end_ns: m.end_ns,
+            launch_ns: m.launch_ns,
+            name_id: 0,
+            op_id: m.op_id,
+            graph_id: m.graph_id,
+            stream_id: m.stream_id,
+        }
+    }
+
+    /// The host time that places it in an iteration: its launch, else its start.
+    pub fn anchor_ns(&self) -> u64 {
+        if self.launch_ns != 0 {
+            self.launch_ns
+        } else {
+            self.start_ns
+        }
+    }
+
+    /// GPU duration, ns.
+    pub fn duration_ns(&self) -> u64 {
+        self.end_ns.saturating_sub(self.start_ns)
+    }
+}
+
+/// Time spent by one operator in an iteration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpTime {
+    /// Operator label: the script's op name, else the fused operators of an Inductor kernel
+    /// name, else the kernel name.
+    pub op: String,
+    /// Sum of its kernels' GPU time, ns.
+    pub gpu_ns: u64,
+    /// Kernels.
+    pub kernels: u32,
+}
+
+/// One training iteration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Iteration {
+    /// Step number from the marker, or the detected index.
+    pub step: u64,
+    /// Whether the boundaries came from markers.
+    pub marked: bool,
+    /// Host-side start, ns.
+    pub start_ns: u64,
+    /// Host-side end, ns.
+    pub end_ns: u64,
+    /// GPU time covered by at least one activity, ns.
+    pub gpu_busy_ns: u64,
+    /// Eager kernels plus graph kernel nodes.
+    pub kernels: u32,
+    /// Graph launches seen at graph level.
+    pub graph_launches: u32,
+    /// Memory operations.
+    pub memory_ops: u32,
+    /// GPU time of memory operations, ns.
+    pub memory_ns: u64,
+    /// GPU idle time from the iteration's start to its first activity, ns (host wait, data
+    /// loading).
+    pub idle_before_first_ns: u64,
+    /// Launch latencies (GPU start − API entry) of its activities, ns, sorted.
+    pub launch_latencies_ns: Vec<u64>,
+    /// Time per operator, largest first.
+    pub ops: Vec<OpTime>,
+}
+
+impl Iteration {
+    /// Wall time, ns.
+    pub fn wall_ns(&self) -> u64 {
+        self.end_ns.saturating_sub(self.start_ns)
+    }
+
+    /// A launch-latency quantile, ns.
+    pub fn launch_latency_ns(&self, q: f64) -> Option<u64> {
+        let n = self.launch_latencies_ns.len();
+        (n > 0).then(|| {
+            self.launch_latencies_ns[((q.clamp(0.0, 1.0) * (n - 1) as f64).round()) as usize]
+        })
+    }
+}
+
+/// The operator label of an Inductor kernel (`triton_poi_fused_addmm_relu_0` → `addmm_relu`),
+/// or `None` for other names.
+pub fn inductor_ops(kernel: &str) -> Option<&str> {
+    let rest = kernel.strip_prefix("triton_")?;
+    let rest = rest.split_once('_').map(|(_, r)| r)?; // poi, red, per, tem, ...
+    let rest = rest.strip_prefix("fused_").unwrap_or(rest);
+    // Drop the trailing `_<n>` index.
+    let rest = match rest.rsplit_once('_') {
+        Some((head, tail)) if tail.chars().all(|c| c.is_ascii_digit()) => head,
+        _ => rest,
+    };
+    (!rest.is_empty()).then_some(rest)
+}
+
+/// What the agent knows about one training process's shim.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ShimProcess {
+    /// Training process.
+    pub pid: u32,
+    /// Connected now.
+    pub connected: bool,
+    /// `STATUS_*` bits the shim published (`slo_probe_common::ring`).
+    pub status: u64,
+    /// CUPTI version the shim runs against (0: not tracing).
+    pub cupti_version: u32,
+    /// Records consumed.
+    pub records: u64,
+    /// Records the shim dropped (ring or queue full).
+    pub dropped: u64,
+    /// Records CUPTI dropped.
+    pub cupti_dropped: u64,
+    /// Bytes the agent skipped as corrupt.
+    pub corrupt_bytes: u64,
+    /// Records that did not decode.
+    pub decode_failed: u64,
+    /// Records seen by kind: kernels, graphs, memory, graph nodes, strings, steps.
+    pub seen: [u64; 6],
+    /// Completed iterations, oldest first (a bounded window).
+    pub iterations: Vec<Iteration>,
+    /// Iterations completed since the shim registered.
+    pub iterations_total: u64,
+}
+
+/// Folds records into iterations.
+#[derive(Default)]
+pub struct TraceAssembler {
+    names: HashMap<u32, String>,
+    ops: HashMap<u32, String>,
+    node_ops: HashMap<u64, u32>,
+    pending: Vec<Activity>,
+    steps: BTreeMap<u64, (Option<u64>, Option<u64>)>,
+    marked: bool,
+    latest_gpu_ns: u64,
+    next_detected: u64,
+    graph_counts: HashMap<u32, u64>,
+    /// Records seen, by kind: kernels, graphs, memory, nodes, strings, steps.
+    pub seen: [u64; 6],
+}
+
+impl TraceAssembler {
+    /// An empty assembler.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A name by id (kernel or operator), if its string record has arrived.
+    pub fn name(&self, id: u32) -> Option<&str> {
+        self.names
+            .get(&id)
+            .or_else(|| self.ops.get(&id))
+            .map(String::as_str)
+    }
+
+    /// The operator label of an activity (see [`OpTime::op`]).
+    pub fn op_label(&self, a: &Activity) -> String {
+        if a.op_id != 0 {
+            if let Some(op) = self.ops.get(&a.op_id) {
+                return op.clone();
+            }
+        }
+        match a.kind {
+            ActivityKind::Graph => return format!("graph#{}", a.graph_id),
+            ActivityKind::Memory => return "memory".into(),
+            _ => {}
+        }
+        match self.names.get(&a.name_id) {
+            Some(n) => inductor_ops(n).unwrap_or(n).to_owned(),
+            None => format!("kernel#{}", a.name_id),
+        }
+    }
+
+    /// Takes one decoded record.
+    pub fn push(&mut self, r: &AnyRecord<'_>) {
+        let a = match r {
+            AnyRecord::GpuKernel(k) => {
+                self.seen[0] += 1;
+                let mut a = Activity::from_kernel(k);
+                if a.op_id == 0 && k.graph_node_id != 0 {
+                    a.op_id = self.node_ops.get(&k.graph_node_id).copied().unwrap_or(0);
+                }
+                a
+            }
+            AnyRecord::GpuGraph(g) => {
+                self.seen[1] += 1;
+                *self.graph_counts.entry(g.graph_id).or_default() += 1;
+                Activity::from_graph(g)
+            }
+            AnyRecord::GpuMem(m) => {
+                self.seen[2] += 1;
+                Activity::from_mem(m)
+            }
+            AnyRecord::GraphNode(n) => {
+                self.seen[3] += 1;
+                let op = if n.op_id != 0 {
+                    n.op_id
+                } else {
+                    self.node_ops.get(&n.original_node_id).copied().unwrap_or(0)
+                };
+                if op != 0 {
+                    self.node_ops.insert(n.node_id, op);
+                }
+                return;
+            }
+            AnyRecord::String(s) => {
+                self.seen[4] += 1;
+                let text = String::from_utf8_lossy(s.bytes).into_owned();
+                match s.kind {
+                    STRING_KERNEL => self.names.insert(s.id, text),
+                    STRING_OP => self.ops.insert(s.id, text),
+                    _ => None,
+                };
+                return;
+            }
+            AnyRecord::Step(st) => {
+                self.seen[5] += 1;
+                self.marked = true;
+                let e = self.steps.entry(st.step).or_default();
+                match st.phase {
+                    STEP_BEGIN => e.0 = Some(st.ts_ns),
+                    STEP_END => e.1 = Some(st.ts_ns),
+                    _ => {}
+                }
+                return;
+            }
+            _ => return,
+        };
+        self.latest_gpu_ns = self.latest_gpu_ns.max(a.end_ns);
+        self.pending.push(a);
+    }
+
+    /// Returns the iterations that are complete: marked ones whose end is older than the newest
+    /// GPU activity seen by `settle_ns` (their GPU work has arrived), or all of them when
+    /// `flush`. Without markers, detected iterations (see the module docs) up to the last
+    /// boundary. Activities of returned iterations are released.
+    pub fn take_iterations(&mut self, settle_ns: u64, flush: bool) -> Vec<Iteration> {
+        if self.marked {
+            self.take_marked(settle_ns, flush)
+        } else {
+            self.take_detected(flush)
+        }
+    }
+
+    fn take_marked(&mut self, settle_ns: u64, flush: bool) -> Vec<Iteration> {
+        let horizon = self.latest_gpu_ns.saturating_sub(settle_ns);
+        let ready: Vec<(u64, u64, u64)> = self
+            .steps
+            .iter()
+            .filter_map(|(&step, &(b, e))| Some((step, b?, e?)))
+            .filter(|&(_, _, e)| flush || e <= horizon)
+            .collect();
+        let mut out = Vec::new();
+        for (step, b, e) in ready {
+            self.steps.remove(&step);
+            let (inside, rest): (Vec<Activity>, Vec<Activity>) = self
+                .pending
+                .drain(..)
+                .partition(|a| a.anchor_ns() >= b && a.anchor_ns() <= e);
+            self.pending = rest;
+            out.push(self.summarise(step, true, b, e, &inside));
+        }
+        // Activities launched before the oldest open step belong to no iteration.
+        if let Some((_, (Some(b), _))) = self.steps.iter().next() {
+            let b = *b;
+            self.pending.retain(|a| a.anchor_ns() >= b);
+        }
+        out.sort_by_key(|i| i.start_ns);
+        out
+    }
+
+    fn take_detected(&mut self, flush: bool) -> Vec<Iteration> {
+        self.pending.sort_by_key(|a| a.anchor_ns());
+        let boundaries: Vec<u64> = match self.graph_counts.iter().max_by_key(|(_, n)| **n) {
+            Some((&g, &n)) if n >= 2 => self
+                .pending
+                .iter()
+                .filter(|a| a.kind == ActivityKind::Graph && a.graph_id == g)
+                .map(Activity::anchor_ns)
+                .collect(),
+            _ => {
+                let names: Vec<u32> = self
+                    .pending
+                    .iter()
+                    .filter(|a| a.kind == ActivityKind::Kernel)
+                    .map(|a| a.name_id)
+                    .collect();
+                match detect_period(&names) {
+                    Some(p) => self
+                        .pending
+                        .iter()
+                        .filter(|a| a.kind == ActivityKind::Kernel)
+                        .step_by(p)
+                        .map(Activity::anchor_ns)
+                        .collect(),
+                    None => Vec::new(),
+                }
+            }
+        };
+        let mut out = Vec::new();
+        let mut cut = 0u64;
+        for w in boundaries.windows(2) {
+            let (b, e) = (w[0], w[1]);
+            let inside: Vec<Activity> = self
+                .pending
+                .iter()
+                .filter(|a| a.anchor_ns() >= b && a.anchor_ns() < e)
+                .copied()
+                .collect();
+            let step = self.next_detected;
+            self.next_detected += 1;
+            out.push(self.summarise(step, false, b, e, &inside));
+            cut = e;
+        }
+        if flush {
+            self.pending.clear();
+        } else if cut > 0 {
+            self.pending.retain(|a| a.anchor_ns() >= cut);
+        }
+        out
+    }
+
+    fn summarise(&self, step: u64, marked: bool, b: u64, e: u64, acts: &[Activity]) -> Iteration {
+        let mut intervals: Vec<(u64, u64)> = acts
+            .iter()
+            .filter(|a| a.end_ns > a.start_ns)
+            .map(|a| (a.start_ns, a.end_ns))
+            .collect();
+        intervals.sort_unstable();
+        let mut busy = 0u64;
+        let mut cur: Option<(u64, u64)> = None;
+        for (s, t) in intervals.iter().copied() {
+            match cur {
+                Some((cs, ce)) if s <= ce => cur = Some((cs, ce.max(t))),
+                Some((cs, ce)) => {
+                    busy += ce - cs;
+                    cur = Some((s, t));
+                }
+                None => cur = Some((s, t)),
+            }
+        }
+        if let Some((cs, ce)) = cur {
+            busy += ce - cs;
+        }
+        let first_start = intervals.first().map_or(e, |(s, _)| *s);
+        let mut lat: Vec<u64> = acts
+            .iter()
+            .filter(|a| a.launch_ns != 0 && a.kind != ActivityKind::GraphKernel)
+            .map(|a| a.start_ns.saturating_sub(a.launch_ns))
+            .collect();
+        lat.sort_unstable();
+        let mut by_op: HashMap<String, (u64, u32)> = HashMap::new();
+        for a in acts.iter().filter(|a| {
+            matches!(
+                a.kind,
+                ActivityKind::Kernel | ActivityKind::GraphKernel | ActivityKind::Graph
+            )
+        }) {
+            let e = by_op.entry(self.op_label(a)).or_default();
+            e.0 += a.duration_ns();
+            e.1 += 1;
+        }
+        let mut ops: Vec<OpTime> = by_op
+            .into_iter()
+            .map(|(op, (gpu_ns, kernels))| OpTime {
+                op,
+                gpu_ns,
+                kernels,
+            })
+            .collect();
+        ops.sort_by(|a, b| b.gpu_ns.cmp(&a.gpu_ns).then(a.op.cmp(&b.op)));
+        Iteration {
+            step,
+            marked,
+            start_ns: b,
+            end_ns: e,
+            gpu_busy_ns: busy,
+            kernels: acts
+                .iter()
+                .filter(|a| matches!(a.kind, ActivityKind::Kernel | ActivityKind::GraphKernel))
+                .count() as u32,
+            graph_launches: acts
+                .iter()
+                .filter(|a| a.kind == ActivityKind::Graph)
+                .count() as u32,
+            memory_ops: acts
+                .iter()
+                .filter(|a| a.kind == ActivityKind::Memory)
+                .count() as u32,
+            memory_ns: acts
+                .iter()
+                .filter(|a| a.kind == ActivityKind::Memory)
+                .map(Activity::duration_ns)
+                .sum(),
+            idle_before_first_ns: first_start.saturating_sub(b),
+            launch_latencies_ns: lat,
+            ops,
+        }
+    }
+}
+
+/// The smallest period `p` (2 ≤ p ≤ len/3) with `seq[i] == seq[i + p]` for at least 95% of `i`,
+/// if any.
+pub fn detect_period(seq: &[u32]) -> Option<usize> {
+    let n = seq.len();
+    (2..=n / 3).find(|&p| {
+        let same = (0..n - p).filter(|&i| seq[i] == seq[i + p]).count();
+        same * 100 >= (n - p) * 95
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use slo_probe_common::{RecordHeader, StepRecord, StringRecord};
+
+    fn kernel(start: u64, dur: u64, launch: u64, name_id: u32, op_id: u32) -> GpuKernelRecord {
+        GpuKernelRecord {
+            header: RecordHeader::of::<GpuKernelRecord>(),
+            start_ns: start,
+            end_ns: start + dur,
+            launch_ns: launch,
+            graph_node_id: 0,
+            correlation_id: 0,
+            device_id: 0,
+            context_id: 1,
+            stream_id: 7,
+            graph_id: 0,
+            grid: [1, 1, 1],
+            block: [128, 1, 1],
+            registers: 32,
+            static_smem: 0,
+            dynamic_smem: 0,
+            name_id,
+            op_id,
+            launch_tid: 1,
+            flags: 0,
+        }
+    }
+
+    fn step(step: u64, ts: u64, phase: u32) -> StepRecord {
+        StepRecord {
+            header: RecordHeader::of::<StepRecord>(),
+            step,
+            ts_ns: ts,
+            tid: 1,
+            phase,
+        }
+    }
+
+    fn string(id: u32, kind: u32, name: &str) -> Vec<u8> {
+        let mut b = vec![0u8; 64 + name.len()];
+        let n = StringRecord::encode(id, kind, name.as_bytes(), &mut b);
+        b.truncate(n);
+        b
+    }
+
+    #[test]
+    fn inductor_names() {
+        assert_eq!(
+            inductor_ops("triton_poi_fused_addmm_relu_0"),
+            Some("addmm_relu")
+        );
+        assert_eq!(
+            inductor_ops("triton_red_fused__softmax_12"),
+            Some("_softmax")
+        );
+        assert_eq!(
+            inductor_ops("triton_per_fused_native_layer_norm_3"),
+            Some("native_layer_norm")
+        );
+        assert_eq!(inductor_ops("ampere_sgemm_128x64_tn"), None);
+    }
+
+    #[test]
+    fn marked_iterations_with_ops_busy_idle_and_latency() {
+        let mut t = TraceAssembler::new();
+        for bytes in [
+            string(1, STRING_KERNEL, "triton_poi_fused_gelu_0"),
+            string(2, STRING_OP, "blocks.0.up"),
+        ] {
+            let (r, _) = slo_probe_common::decode(&bytes).expect("string");
+            t.push(&r);
+        }
+        t.push(&AnyRecord::Step(step(0, 1_000, STEP_BEGIN)));
+        // Two kernels overlapping (busy = 1500..2600 = 1100), launched at 1100 and 1200.
+        t.push(&AnyRecord::GpuKernel(kernel(1_500, 600, 1_100, 1, 0)));
+        t.push(&AnyRecord::GpuKernel(kernel(2_000, 600, 1_200, 1, 2)));
+        t.push(&AnyRecord::Step(step(0, 3_000, STEP_END)));
+        t.push(&AnyRecord::Step(step(1, 3_100, STEP_BEGIN)));
+        t.push(&AnyRecord::GpuKernel(kernel(9_000, 100, 3_200, 1, 0)));
+        // Step 0 is complete once GPU activity has moved past its end.
+        let it = t.take_iterations(0, false);
+        assert_eq!(it.len(), 1);
+        let i = &it[0];
+        assert_eq!((i.step, i.wall_ns(), i.kernels), (0, 2_000, 2));
+        assert_eq!(i.gpu_busy_ns, 1_100);
+        assert_eq!(i.idle_before_first_ns, 500);
+        assert_eq!(i.launch_latencies_ns, vec![400, 800]);
+        assert_eq!(i.ops.len(), 2);
+        assert!(i.ops.iter().any(|o| o.op == "gelu" && o.gpu_ns == 600));
+        assert!(i
+            .ops
+            .iter()
+            .any(|o| o.op == "blocks.0.up" && o.gpu_ns == 600));
+        // Step 1 has no end yet.
+        assert!(t.take_iterations(0, false).is_empty());
+        t.push(&AnyRecord::Step(step(1, 9_500, STEP_END)));
+        let it = t.take_iterations(0, true);
+        assert_eq!((it[0].step, it[0].kernels), (1, 1));
+    }
+
+    #[test]
+    fn detects_iterations_from_a_periodic_kernel_sequence() {
+        let mut t = TraceAssembler::new();
+        let mut ts = 0u64;
+        for _ in 0..10 {
+            for name in [5u32, 6, 7, 8] {
+                ts += 100;
+                t.push(&AnyRecord::GpuKernel(kernel(ts + 10, 50, ts, name, 0)));
+            }
+        }
+        let it = t.take_iterations(0, false);
+        assert_eq!(it.len(), 9, "{it:?}");
+        assert!(it
+            .iter()
+            .all(|i| !i.marked && i.kernels == 4 && i.wall_ns() == 400));
+    }
+
+    #[test]
+    fn period_detection() {
+        assert_eq!(
+            detect_period(&[1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3]),
+            Some(3)
+        );
+        assert_eq!(detect_period(&[1, 2, 3, 4, 5, 6, 7, 8, 9]), None);
+    }
+}
