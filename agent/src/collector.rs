@@ -345,6 +345,7 @@ impl Collector {
                 resident_bytes: self_resident_bytes(),
                 ticks: self.ticks,
             },
+            gpus: None,
         }
     }
 

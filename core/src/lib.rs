@@ -4,6 +4,7 @@
 #![deny(missing_docs)]
 
 pub mod cgroup;
+pub mod gpu;
 pub mod gputrace;
 pub mod net;
 pub mod proctree;

@@ -7,6 +7,7 @@ use slo_probe_common::{Counter, RunqLatencyRecord};
 
 use crate::{
     cgroup::{CgroupRow, PressureRow},
+    gpu::GpuSnapshot,
     net::NetSnapshot,
     threads::{comm_to_string, ThreadsSnapshot},
 };
@@ -143,6 +144,8 @@ pub struct Snapshot {
     pub probes: Vec<ProbeStatus>,
     /// The agent's own cost.
     pub agent: AgentStats,
+    /// GPU metrics from NVML (`None` where no NVIDIA driver or GPU is present).
+    pub gpus: Option<GpuSnapshot>,
 }
 
 #[cfg(test)]

@@ -1,2 +1,3 @@
 //! Exporters: read the latest snapshot, never the sources.
+pub mod gpu;
 pub mod prometheus;

@@ -47,7 +47,7 @@ pub enum PrometheusError {
 }
 
 /// Escapes a label value (backslash, double quote, newline).
-fn escape(value: &str) -> String {
+pub(crate) fn escape(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
     for c in value.chars() {
         match c {
@@ -60,7 +60,8 @@ fn escape(value: &str) -> String {
     out
 }
 
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+/// Writes a family's `# HELP` and `# TYPE` lines.
+pub(crate) fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }

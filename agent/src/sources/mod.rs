@@ -1,7 +1,8 @@
-//! Sources: adapt what the kernel (and later the GPU shim, NVML) reports into the core's input
+//! Sources: adapt what the kernel, NVML (and later the GPU shim) report into the core's input
 //! types.
 pub mod cgroup;
 pub mod ebpf;
+pub mod nvml;
 pub mod procfs;
 pub mod shim;
 pub mod tracefs;
