@@ -1,0 +1,45 @@
+/* A stand-in for libslo_probe_cupti.so with the same ABI; it only logs its calls.
+ * The tests build it when a C compiler is present, to check the ctypes declarations against a
+ * real shared object. stub_log() returns the log; stub_set_rc() sets release/reacquire results. */
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifndef STUB_VERSION
+#define STUB_VERSION 1
+#endif
+
+static char log_buf[65536];
+static size_t log_len;
+static int32_t release_rc, reacquire_rc;
+static uint32_t status_bits = 1; /* tracing */
+static uint32_t next_id = 1;
+
+static void say(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(log_buf + log_len, sizeof log_buf - log_len, fmt, ap);
+    va_end(ap);
+    if (n > 0 && (size_t)n < sizeof log_buf - log_len) log_len += (size_t)n;
+}
+
+const char *stub_log(void) { return log_buf; }
+void stub_set_rc(int32_t release, int32_t reacquire) { release_rc = release; reacquire_rc = reacquire; }
+
+int32_t slo_probe_shim_version(void) { return STUB_VERSION; }
+void slo_probe_step_begin(uint64_t step) { say("begin %llu;", (unsigned long long)step); }
+void slo_probe_step_end(uint64_t step) { say("end %llu;", (unsigned long long)step); }
+uint32_t slo_probe_intern_op(const char *name) { say("intern %s;", name); return next_id++; }
+void slo_probe_op_push(uint32_t id) { say("push %u;", id); }
+void slo_probe_op_pop(void) { say("pop;"); }
+int32_t slo_probe_cupti_release(void) {
+    say("release;");
+    if (release_rc == 0) status_bits = 16; /* released */
+    return release_rc;
+}
+int32_t slo_probe_cupti_reacquire(void) {
+    say("reacquire;");
+    if (reacquire_rc == 0) status_bits = 1;
+    return reacquire_rc;
+}
+uint32_t slo_probe_status(void) { return status_bits; }
