@@ -1,6 +1,7 @@
-"""Per-call cost of the slo_probe API, without a shim and against the compiled stub shim, and
-why the hot-path functions keep the GIL: a call through ctypes.CDLL (drops the GIL) vs
-ctypes.PyDLL (keeps it) while another Python thread is busy. Needs a C compiler.
+"""Per-call cost of the slo_probe API, without a shim and against the compiled stub shim; why the
+hot-path functions keep the GIL (a call through ctypes.CDLL, which drops it, vs ctypes.PyDLL,
+which keeps it, while another Python thread is busy); and, where torch is installed, what
+instrument() adds to a forward pass. Needs a C compiler.
 
 Run: cd python && python3 tests/bench_overhead.py
 """
@@ -8,6 +9,7 @@ Run: cd python && python3 tests/bench_overhead.py
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 import shutil
 import subprocess
@@ -16,7 +18,7 @@ import tempfile
 import threading
 import time
 import timeit
-from typing import Callable
+from typing import Any, Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -55,6 +57,44 @@ def contended(f: Callable[[], None], seconds: float = 1.0) -> int:
     return n
 
 
+def torch_hooks() -> None:
+    """Forward time of a 151-module model with and without instrument() (stub shim loaded)."""
+    try:
+        torch: Any = importlib.import_module("torch")
+        nn = torch.nn
+    except ImportError:
+        print("instrument(): torch is not installed, skipped")
+        return
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    net = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(50)]).to(dev)
+    x = torch.randn(8, 64, device=dev)
+    modules = sum(1 for _ in net.modules())
+
+    def forward() -> Any:
+        with torch.no_grad():
+            return net(x)
+
+    def seconds() -> float:
+        forward()
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        t = min(timeit.repeat(forward, number=200, repeat=5)) / 200
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        return t
+
+    plain = seconds()
+    handle = slo_probe.instrument(net)
+    hooked = seconds()
+    handle.remove()
+    plain = min(plain, seconds())
+    print(
+        f"instrument() on {dev}, torch {torch.__version__}: forward of {modules} modules "
+        f"{plain * 1e6:.0f} µs plain, {hooked * 1e6:.0f} µs instrumented "
+        f"({(hooked - plain) / modules * 1e9:.0f} ns per module)"
+    )
+
+
 def main() -> None:
     cc = shutil.which(os.environ.get("CC", "cc"))
     if cc is None:
@@ -63,7 +103,9 @@ def main() -> None:
     api_costs("no shim")
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "libslo_probe_stub.so")
-        subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", path, os.path.join(HERE, "stub_shim.c")], check=True)
+        subprocess.run(
+            [cc, "-shared", "-fPIC", "-O2", "-o", path, os.path.join(HERE, "stub_shim.c")], check=True
+        )
         slo_probe._install(slo_probe._load_shim(path))
         api_costs("stub shim (logs each call into a 64 KiB buffer)")
         funcs = {}
@@ -71,12 +113,15 @@ def main() -> None:
             f = kind(path).slo_probe_op_pop
             f.restype, f.argtypes = None, []
             funcs[kind.__name__] = f
-        print("one op_pop() call, alone / with another Python thread busy (switch interval "
-              f"{sys.getswitchinterval() * 1e3:.0f} ms):")
+        print(
+            "one op_pop() call, alone / with another Python thread busy (switch interval "
+            f"{sys.getswitchinterval() * 1e3:.0f} ms):"
+        )
         for name, f in funcs.items():
             alone = min(timeit.repeat(f, number=300_000, repeat=5)) / 300_000 * 1e9
             n = contended(f)
             print(f"  {name:6} {alone:5.0f} ns alone; {n:9d} calls/s contended ({1e6 / n:8.2f} µs per call)")
+        torch_hooks()
 
 
 if __name__ == "__main__":
