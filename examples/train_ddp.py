@@ -113,6 +113,16 @@ def main():
     p.add_argument("--backend", default=None, help="torch.distributed backend (default nccl on GPU, gloo on CPU)")
     p.add_argument("--dump-threads", default=None, help="write the job's threads to FILE at the middle step")
     p.add_argument("--json", default=None, help="append the run's result as a JSON line to FILE")
+    p.add_argument("--steps-out", default=None,
+                   help="write every step's CUDA-event time (ms) as JSON to FILE")
+    p.add_argument("--diagnostic", default=None, metavar="STEP:N",
+                   help="at STEP ask the shim for node-level graph tracing during N steps")
+    p.add_argument("--profile", action="store_true",
+                   help="run under torch.profiler (CUDA activity) and count kernels per step")
+    p.add_argument("--handover", default=None, metavar="STEP:N",
+                   help="at STEP hand CUPTI to torch.profiler for N steps (slo_probe.cupti_released)")
+    p.add_argument("--instrument", action="store_true",
+                   help="attribute kernels to modules with slo_probe.instrument (eager mode)")
     args = p.parse_args()
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -138,6 +148,8 @@ def main():
         step_model = torch.compile(ddp, mode="reduce-overhead")
     else:
         step_model = ddp
+    if args.instrument and slo_probe is not None:
+        slo_probe.instrument(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     loss_fn = nn.MSELoss()
 
@@ -153,8 +165,29 @@ def main():
 
     on_gpu = device.type == "cuda"
     times_ms = []
+    per_step = []
     it = iter(loader)
+    diag_at, diag_n = (int(x) for x in args.diagnostic.split(":")) if args.diagnostic else (-1, 0)
+    hand_at, hand_n = (int(x) for x in args.handover.split(":")) if args.handover else (-1, 0)
+    prof = None
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+        prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        prof.__enter__()
+    handover = None
+    handover_events = None
     for step in range(args.steps):
+        if step == diag_at and slo_probe is not None:
+            slo_probe._request_diagnostic(diag_n)
+        if step == hand_at and slo_probe is not None:
+            from torch.profiler import ProfilerActivity, profile
+            handover = contextlib.ExitStack()
+            handover.enter_context(slo_probe.cupti_released())
+            hprof = handover.enter_context(profile(activities=[ProfilerActivity.CUDA]))
+        if handover is not None and step == hand_at + hand_n:
+            handover.close()
+            handover_events = sum(1 for e in hprof.events() if e.device_type.name == "CUDA")
+            handover = None
         marker = slo_probe.step(step) if slo_probe else contextlib.nullcontext()
         if on_gpu:
             start_ev, end_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -177,11 +210,22 @@ def main():
                 end_ev.synchronize()
         wall_ms = (time.perf_counter() - t0) * 1e3
         gpu_ms = start_ev.elapsed_time(end_ev) if on_gpu else wall_ms
+        per_step.append({"step": step, "cuda_event_ms": gpu_ms, "wall_ms": wall_ms})
         if step >= args.warmup:
             times_ms.append(gpu_ms)
         if args.dump_threads and step == args.steps // 2:
             dump_threads(args.dump_threads)
 
+    kernels_per_step = None
+    if prof is not None:
+        torch.cuda.synchronize()
+        prof.__exit__(None, None, None)
+        kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        kernels_per_step = len(kernels) / max(1, args.steps)
+    shim_counters = slo_probe._debug_counters() if slo_probe is not None else None
+    if args.steps_out:
+        with open(args.steps_out, "w") as f:
+            json.dump(per_step, f)
     times_ms.sort()
     n = len(times_ms)
     result = {
@@ -193,6 +237,10 @@ def main():
         "p99_ms": times_ms[min(n - 1, n * 99 // 100)] if n else None,
         "final_loss": float(loss.detach()),
         "step_markers": slo_probe is not None,
+        "shim": slo_probe.status() if slo_probe is not None else None,
+        "shim_counters": shim_counters,
+        "profiler_cuda_events_per_step": kernels_per_step,
+        "handover_profiler_cuda_events": handover_events,
     }
     print(json.dumps(result), flush=True)
     if args.json:

@@ -28,6 +28,7 @@ use crate::{
     sources::{
         cgroup::{self, CgroupMounts},
         ebpf::{EbpfError, EbpfSettings, Probes},
+        nvml::NvmlSampler,
         procfs,
         shim::ShimSource,
     },
@@ -58,6 +59,8 @@ pub struct Collector {
     retention_ticks: u64,
     shim: Option<ShimSource>,
     shim_down: String,
+    nvml: Option<NvmlSampler>,
+    nvml_down: String,
 }
 
 impl Collector {
@@ -105,6 +108,21 @@ impl Collector {
         } else {
             (None, "disabled in config (shim.enabled = false)".to_owned())
         };
+        let (nvml, nvml_down) = if no_ebpf && !config.shim.enabled {
+            (None, "off".to_owned())
+        } else {
+            match NvmlSampler::new() {
+                Ok(n) => {
+                    log::info!("{}", n.describe());
+                    (Some(n), String::new())
+                }
+                Err(e) => {
+                    let reason = crate::error_chain(&e);
+                    log::info!("{reason}");
+                    (None, reason)
+                }
+            }
+        };
         let mut tree = ProcessTree::new();
         tree.set_roots(roots.iter().copied());
         let mut c = Self {
@@ -124,6 +142,8 @@ impl Collector {
             retention_ticks: config.retention_ticks(),
             shim,
             shim_down,
+            nvml,
+            nvml_down,
         };
         c.scan_processes();
         Ok(c)
@@ -318,6 +338,12 @@ impl Collector {
             .as_ref()
             .map(ShimSource::snapshot)
             .unwrap_or_default();
+        let gpus = self.nvml.as_mut().map(|n| n.sample(now));
+        statuses.push(ProbeStatus {
+            name: "nvml",
+            up: self.nvml.is_some(),
+            reason: self.nvml_down.clone(),
+        });
         statuses.push(ProbeStatus {
             name: "shim",
             up: self.shim.is_some(),
@@ -345,7 +371,7 @@ impl Collector {
                 resident_bytes: self_resident_bytes(),
                 ticks: self.ticks,
             },
-            gpus: None,
+            gpus,
         }
     }
 

@@ -68,6 +68,12 @@ STATUS_FLAGS: Dict[str, int] = {
 }
 
 _U64_MAX = (1 << 64) - 1
+
+# Diagnostic functions the shim may lack (stubs, older shims): name -> (restype, argtypes).
+_OPTIONAL_ABI: Dict[str, Tuple[Any, List[Any]]] = {
+    "slo_probe_request_diagnostic": (None, [ctypes.c_uint32]),
+    "slo_probe_debug_counters": (ctypes.c_size_t, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]),
+}
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 # name -> (restype, argtypes, blocking). Blocking functions are called without the GIL.
@@ -97,9 +103,15 @@ class _Shim:
         "release",
         "reacquire",
         "status",
+        "request_diagnostic",
+        "debug_counters",
     )
 
     def __init__(self, lib: Any, gil_free: Any = None) -> None:
+        # Optional functions (diagnostics): absent in a stub or an older shim.
+        self.request_diagnostic = getattr(lib, "slo_probe_request_diagnostic", None)
+        self.debug_counters = getattr(lib, "slo_probe_debug_counters", None)
+
         def fn(name: str) -> Callable[..., Any]:
             f: Callable[..., Any] = getattr(gil_free if gil_free is not None and _ABI[name][2] else lib, name)
             return f
@@ -141,6 +153,11 @@ def _load_shim(path: str) -> _Shim:
         f = getattr(gil_free if blocking else with_gil, name)
         f.restype = restype
         f.argtypes = argtypes
+    for name, (restype, argtypes) in _OPTIONAL_ABI.items():
+        f = getattr(with_gil, name, None)
+        if f is not None:
+            f.restype = restype
+            f.argtypes = argtypes
     shim = _Shim(with_gil, gil_free)
     got = shim.version()
     if got != ABI_VERSION:
@@ -197,6 +214,31 @@ def version() -> Optional[int]:
     """The shim's ABI version, or None without a shim."""
     s = _shim
     return None if s is None else int(s.version())
+
+
+def _request_diagnostic(steps: int) -> None:
+    """Ask the shim for node-level CUDA-graph tracing during the next ``steps`` iterations."""
+    s = _shim
+    if s is not None and s.request_diagnostic is not None:
+        s.request_diagnostic(max(1, int(steps)))
+
+
+#: Names of the shim's debug counters, in ABI order.
+DEBUG_COUNTERS = (
+    "launches_driver", "launches_runtime", "kernel_records", "corr_hits", "corr_misses",
+    "graph_records", "mem_records", "nodes_created", "nodes_cloned", "buffers_completed",
+    "queue_dropped", "other_records",
+)
+
+
+def _debug_counters() -> Optional[Dict[str, int]]:
+    """The shim's internal counters (launch callbacks, records, correlation hits), or None."""
+    s = _shim
+    if s is None or s.debug_counters is None:
+        return None
+    buf = (ctypes.c_uint64 * len(DEBUG_COUNTERS))()
+    n = s.debug_counters(buf, len(DEBUG_COUNTERS))
+    return {k: int(buf[i]) for i, k in enumerate(DEBUG_COUNTERS[: min(n, len(DEBUG_COUNTERS))])}
 
 
 def status() -> Dict[str, bool]:

@@ -115,6 +115,10 @@ pub fn render(snapshot: &Snapshot, per_thread: bool) -> String {
         render_net(&mut out, net, snapshot.threads.as_ref());
     }
     render_cgroups(&mut out, snapshot);
+    render_shims(&mut out, snapshot);
+    if let Some(g) = &snapshot.gpus {
+        super::gpu::render_gpus(&mut out, g);
+    }
 
     header(
         &mut out,
@@ -496,6 +500,140 @@ fn render_cgroups(out: &mut String, snapshot: &Snapshot) {
                 us as f64 / 1e6
             );
         }
+    }
+}
+
+fn render_shims(out: &mut String, snapshot: &Snapshot) {
+    use slo_probe_common::ring::{
+        STATUS_CONNECTED, STATUS_DIAGNOSTIC, STATUS_LOST_RACE, STATUS_TRACING,
+    };
+    let shims = &snapshot.shims;
+    header(
+        out,
+        "slo_probe_shim_state",
+        "gauge",
+        "State of a training process's CUPTI shim: connected, tracing, lost_race (another CUPTI \
+         subscriber was first), diagnostic (node-level graph tracing).",
+    );
+    for p in shims {
+        for (state, on) in [
+            ("connected", p.connected || p.status & STATUS_CONNECTED != 0),
+            ("tracing", p.status & STATUS_TRACING != 0),
+            ("lost_race", p.status & STATUS_LOST_RACE != 0),
+            ("diagnostic", p.status & STATUS_DIAGNOSTIC != 0),
+        ] {
+            let _ = writeln!(
+                out,
+                "slo_probe_shim_state{{pid=\"{}\",state=\"{state}\"}} {}",
+                p.pid,
+                u8::from(on)
+            );
+        }
+    }
+    header(
+        out,
+        "slo_probe_shim_records_total",
+        "counter",
+        "GPU records consumed from a shim, by kind.",
+    );
+    for p in shims {
+        for (kind, n) in [
+            ("kernel", p.seen[0]),
+            ("graph", p.seen[1]),
+            ("memory", p.seen[2]),
+            ("graph_node", p.seen[3]),
+            ("string", p.seen[4]),
+            ("step", p.seen[5]),
+        ] {
+            let _ = writeln!(
+                out,
+                "slo_probe_shim_records_total{{pid=\"{}\",kind=\"{kind}\"}} {n}",
+                p.pid
+            );
+        }
+    }
+    header(
+        out,
+        "slo_probe_shim_dropped_records_total",
+        "counter",
+        "GPU records lost: ring_full (the shim dropped rather than block the job), cupti \
+         (CUPTI's own buffers overflowed).",
+    );
+    for p in shims {
+        for (reason, n) in [("ring_full", p.dropped), ("cupti", p.cupti_dropped)] {
+            let _ = writeln!(
+                out,
+                "slo_probe_shim_dropped_records_total{{pid=\"{}\",reason=\"{reason}\"}} {n}",
+                p.pid
+            );
+        }
+    }
+    header(
+        out,
+        "slo_probe_iterations_total",
+        "counter",
+        "Training iterations completed (from step markers, or detected).",
+    );
+    for p in shims {
+        let _ = writeln!(
+            out,
+            "slo_probe_iterations_total{{pid=\"{}\"}} {}",
+            p.pid, p.iterations_total
+        );
+    }
+    header(
+        out,
+        "slo_probe_iteration_duration_seconds",
+        "gauge",
+        "Iteration wall time over the agent's recent window (the last 512 iterations), by \
+         quantile.",
+    );
+    header(
+        out,
+        "slo_probe_iteration_gpu_busy_ratio",
+        "gauge",
+        "Share of iteration wall time with the GPU busy, over the recent window.",
+    );
+    header(
+        out,
+        "slo_probe_gpu_launch_latency_seconds",
+        "gauge",
+        "Launch latency (API entry to GPU start) over the recent window, by quantile.",
+    );
+    for p in shims.iter().filter(|p| !p.iterations.is_empty()) {
+        let mut walls: Vec<u64> = p.iterations.iter().map(|i| i.wall_ns()).collect();
+        walls.sort_unstable();
+        let mut lat: Vec<u64> = p
+            .iterations
+            .iter()
+            .flat_map(|i| i.launch_latencies_ns.iter().copied())
+            .collect();
+        lat.sort_unstable();
+        let q = |v: &[u64], q: f64| v[((v.len() - 1) as f64 * q).round() as usize] as f64 / 1e9;
+        for quantile in [0.5, 0.99] {
+            let _ = writeln!(
+                out,
+                "slo_probe_iteration_duration_seconds{{pid=\"{}\",quantile=\"{quantile}\"}} {}",
+                p.pid,
+                q(&walls, quantile)
+            );
+            if !lat.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "slo_probe_gpu_launch_latency_seconds{{pid=\"{}\",quantile=\"{quantile}\"}} {}",
+                    p.pid,
+                    q(&lat, quantile)
+                );
+            }
+        }
+        let busy: u64 = p.iterations.iter().map(|i| i.gpu_busy_ns).sum();
+        let wall: u64 = walls.iter().sum();
+        let _ = writeln!(
+            out,
+            "slo_probe_iteration_gpu_busy_ratio{{pid=\"{}\"}} {}",
+            p.pid,
+            busy as f64 / wall.max(1) as f64
+        );
     }
 }
 
