@@ -113,6 +113,7 @@ def main():
     p.add_argument("--backend", default=None, help="torch.distributed backend (default nccl on GPU, gloo on CPU)")
     p.add_argument("--dump-threads", default=None, help="write the job's threads to FILE at the middle step")
     p.add_argument("--json", default=None, help="append the run's result as a JSON line to FILE")
+    p.add_argument("--label", default=None, help="label of the run in the JSON line")
     p.add_argument("--steps-out", default=None,
                    help="write every step's CUDA-event time (ms) as JSON to FILE")
     p.add_argument("--diagnostic", default=None, metavar="STEP:N",
@@ -229,6 +230,7 @@ def main():
     times_ms.sort()
     n = len(times_ms)
     result = {
+        "label": args.label or args.mode,
         "mode": args.mode,
         "device": str(device),
         "backend": backend,

@@ -451,6 +451,26 @@ pub fn report(obs: &Observation, command: &str, top: usize) -> String {
     for p in s.shims.iter().filter(|p| obs.pids.contains(&p.pid)) {
         gpu_report(&mut out, p);
     }
+    if let Some(g) = &s.gpus {
+        for d in &g.devices {
+            let pct = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}%"));
+            let _ = writeln!(
+                out,
+                "GPU {} {} (NVML at the end): utilisation {}, memory {} of {}, SM clock {} MHz, \
+                 power {} W; GPM: SM occupancy {}, DRAM bandwidth {}, tensor {}",
+                d.index,
+                d.name,
+                pct(d.gpu_util_percent),
+                d.memory_used_bytes.map_or("-".into(), human_bytes),
+                d.memory_total_bytes.map_or("-".into(), human_bytes),
+                d.sm_clock_mhz.map_or("-".into(), |v| v.to_string()),
+                d.power_watts.map_or("-".into(), |v| format!("{v:.0}")),
+                pct(d.gpm.sm_occupancy_percent),
+                pct(d.gpm.dram_bw_util_percent),
+                pct(d.gpm.any_tensor_util_percent),
+            );
+        }
+    }
 
     let outliers: u64 = obs
         .pids

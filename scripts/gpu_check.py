@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""Checks and figures of the GPU tier, from the files scripts/gpu-check produced.
+
+Reads OUT/*.json and OUT/runs.jsonl; writes OUT/summary.md and OUT/results.json; exits 1 when a
+check fails. The checks (issue 4 of slo-probe):
+
+1. every kernel is recorded: per-step kernels + memory operations seen by the shim against
+   torch.profiler's CUDA events per step in a separate run of the same job (independent count);
+   also the shim's own launch callbacks against its kernel records, and zero drops;
+2. iteration times from the shim's step markers against CUDA-event timings of the same steps:
+   95th percentile of the per-step difference within 1%;
+3. CUDA-graph kernel nodes resolve to operators in diagnostic (node-level) mode;
+4. overhead: median step time without the shim, with the shim always on, with torch.profiler,
+   eager and CUDA-graph modes; target at most 1% for the shim.
+"""
+
+import json
+import os
+import statistics
+import sys
+
+OUT = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OUT", "/tmp/slo-gpu")
+
+
+def load(name):
+    try:
+        with open(os.path.join(OUT, name)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def runs():
+    out = {}
+    try:
+        with open(os.path.join(OUT, "runs.jsonl")) as f:
+            for line in f:
+                r = json.loads(line)
+                out[r["label"]] = r
+    except OSError:
+        pass
+    return out
+
+
+def gpu_proc(obs):
+    """The shim process with the most records in an observe JSON."""
+    procs = (obs or {}).get("gpu", [])
+    return max(procs, key=lambda p: p["records"], default=None)
+
+
+results = {"checks": {}, "figures": {}}
+lines = ["# GPU check (scripts/gpu-check)", ""]
+ok_all = True
+
+
+def check(name, ok, text):
+    global ok_all
+    ok_all &= bool(ok)
+    results["checks"][name] = {"ok": bool(ok), "detail": text}
+    lines.append(f"- [{'x' if ok else ' '}] **{name}**: {text}")
+
+
+R = runs()
+eager = load("eager.json")
+graphs = load("graphs.json")
+pe, pg = gpu_proc(eager), gpu_proc(graphs)
+
+# 1. kernel accounting
+if pe and "profile-eager" in R:
+    its = [i for i in pe["iterations"] if i["marked"]][20:-2]
+    shim_per_step = statistics.median(i["kernels"] + i["memory_ops"] for i in its) if its else 0
+    prof = R["profile-eager"]["profiler_cuda_events_per_step"] or 0
+    c = R.get("eager", {}).get("shim_counters") or {}
+    check(
+        "eager kernels recorded",
+        its and abs(shim_per_step - prof) <= max(1, 0.01 * prof)
+        and pe["dropped"] == 0 and pe["cupti_dropped"] == 0,
+        f"shim {shim_per_step} kernels+memory ops per step (median of {len(its)} steps) vs "
+        f"torch.profiler {prof:.1f} CUDA events per step; launch callbacks "
+        f"driver {c.get('launches_driver')} / runtime {c.get('launches_runtime')}, kernel records "
+        f"{c.get('kernel_records')}, correlation hits {c.get('corr_hits')} misses "
+        f"{c.get('corr_misses')}; dropped {pe['dropped']} (ring) {pe['cupti_dropped']} (CUPTI)",
+    )
+    results["figures"]["eager_kernels_per_step"] = {"shim": shim_per_step, "profiler": prof}
+if pg and "profile-graphs" in R:
+    diag = [i for i in pg["iterations"] if i["marked"] and i["graph_launches"] == 0 and i["kernels"] > 0]
+    normal = [i for i in pg["iterations"] if i["marked"] and i["graph_launches"] > 0][10:]
+    prof = R["profile-graphs"]["profiler_cuda_events_per_step"] or 0
+    d = statistics.median(i["kernels"] + i["memory_ops"] for i in diag) if diag else 0
+    check(
+        "graph kernels recorded (diagnostic mode)",
+        diag and abs(d - prof) <= max(1, 0.02 * prof),
+        f"{len(diag)} node-level steps: {d} kernels+memory ops per step vs torch.profiler {prof:.1f}; "
+        f"{len(normal)} graph-level steps with "
+        f"{statistics.median(i['graph_launches'] for i in normal) if normal else 0} graph launches each",
+    )
+
+# 2. iteration times vs CUDA events
+for label, p in (("eager", pe), ("graphs", pg)):
+    steps = load(f"{label}-steps.json")
+    if not (p and steps):
+        continue
+    ev = {s["step"]: s["cuda_event_ms"] for s in steps}
+    diffs = []
+    for i in p["iterations"]:
+        if i["marked"] and i["step"] in ev and i["step"] >= 20:
+            ms = i["wall_ns"] / 1e6
+            diffs.append(abs(ms - ev[i["step"]]) / ev[i["step"]] * 100)
+    diffs.sort()
+    if diffs:
+        p95 = diffs[int(0.95 * (len(diffs) - 1))]
+        check(
+            f"{label} iteration time vs CUDA events",
+            p95 <= 1.0,
+            f"{len(diffs)} steps: per-step difference median {statistics.median(diffs):.3f}%, "
+            f"p95 {p95:.3f}%, max {diffs[-1]:.3f}%",
+        )
+        results["figures"][f"{label}_iteration_diff_pct"] = {
+            "median": statistics.median(diffs), "p95": p95, "max": diffs[-1], "n": len(diffs)}
+
+# 3. graph nodes -> operators
+if pg:
+    diag = [i for i in pg["iterations"] if i["marked"] and i["graph_launches"] == 0 and i["kernels"] > 0]
+    ops = [o for i in diag for o in i["ops"]]
+    named = [o for o in ops if not o["op"].startswith(("kernel#", "graph#"))]
+    gpu_named = sum(o["gpu_ns"] for o in named)
+    gpu_all = sum(o["gpu_ns"] for o in ops) or 1
+    check(
+        "graph nodes resolve to operators",
+        diag and gpu_named / gpu_all >= 0.95 and pg["seen"]["graph_nodes"] > 0,
+        f"{pg['seen']['graph_nodes']} graph-node records; in node-level steps "
+        f"{100 * gpu_named / gpu_all:.1f}% of kernel time has an operator; top: "
+        + ", ".join(f"{o['op']}" for o in sorted(named, key=lambda o: -o["gpu_ns"])[:6]),
+    )
+
+# 4. overhead
+for mode in ("eager", "graphs"):
+    base = R.get(f"base-{mode}", {}).get("median_ms")
+    shim = R.get(f"shim-{mode}", {}).get("median_ms")
+    prof = R.get(f"prof-{mode}", {}).get("median_ms")
+    if base and shim:
+        ov = (shim - base) / base * 100
+        pov = (prof - base) / base * 100 if prof else None
+        check(
+            f"{mode} overhead of the always-on shim",
+            ov <= 1.0,
+            f"median step {base:.3f} ms without, {shim:.3f} ms with the shim ({ov:+.2f}%), "
+            + (f"{prof:.3f} ms with torch.profiler ({pov:+.2f}%)" if prof else "profiler run missing"),
+        )
+        results["figures"][f"{mode}_overhead_pct"] = {
+            "base_ms": base, "shim_ms": shim, "profiler_ms": prof, "shim_pct": ov, "profiler_pct": pov}
+
+# 5. hand-over to torch.profiler and the lost race
+h = R.get("handover")
+if h:
+    check(
+        "CUPTI handed to torch.profiler and taken back",
+        (h.get("handover_profiler_cuda_events") or 0) > 0 and (h.get("shim") or {}).get("tracing"),
+        f"profiler saw {h.get('handover_profiler_cuda_events')} CUDA events inside "
+        f"slo_probe.cupti_released(); shim status after: {h.get('shim')}",
+    )
+race = os.path.join(OUT, "race.txt")
+if os.path.exists(race):
+    text = open(race).read()
+    check(
+        "clear message when the shim loses the CUPTI race",
+        "CUPTI already has a subscriber" in text or "lost_race" in text,
+        text.strip().replace("\n", " | ")[:400],
+    )
+
+lines += ["", "```", json.dumps(results["figures"], indent=1), "```"]
+with open(os.path.join(OUT, "summary.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+with open(os.path.join(OUT, "results.json"), "w") as f:
+    json.dump(results, f, indent=1)
+print("\n".join(lines))
+sys.exit(0 if ok_all else 1)
