@@ -171,13 +171,15 @@ def main():
     diag_at, diag_n = (int(x) for x in args.diagnostic.split(":")) if args.diagnostic else (-1, 0)
     hand_at, hand_n = (int(x) for x in args.handover.split(":")) if args.handover else (-1, 0)
     prof = None
-    if args.profile:
-        from torch.profiler import ProfilerActivity, profile
-        prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
-        prof.__enter__()
     handover = None
     handover_events = None
     for step in range(args.steps):
+        if args.profile and step == args.warmup:
+            # Profile the steady state only: the first steps launch one-off kernels.
+            from torch.profiler import ProfilerActivity, profile
+            torch.cuda.synchronize()
+            prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            prof.__enter__()
         if step == diag_at and slo_probe is not None:
             slo_probe._request_diagnostic(diag_n)
         if step == hand_at and slo_probe is not None:
@@ -194,9 +196,11 @@ def main():
             start_ev, end_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()
         with marker:
+            x, y = next(it)
+            # The CUDA events bracket the step's GPU work: from just before the batch's copy to
+            # the device (the step's first GPU operation) to after the optimizer's last kernel.
             if on_gpu:
                 start_ev.record()
-            x, y = next(it)
             x = x.to(device, non_blocking=True)
             y = y.to(device, non_blocking=True)
             if args.mode == "reduce-overhead":
@@ -222,7 +226,7 @@ def main():
         torch.cuda.synchronize()
         prof.__exit__(None, None, None)
         kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
-        kernels_per_step = len(kernels) / max(1, args.steps)
+        kernels_per_step = len(kernels) / max(1, args.steps - args.warmup)
     shim_counters = slo_probe._debug_counters() if slo_probe is not None else None
     if args.steps_out:
         with open(args.steps_out, "w") as f:

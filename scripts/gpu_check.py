@@ -95,28 +95,37 @@ if pg and "profile-graphs" in R:
         f"{statistics.median(i['graph_launches'] for i in normal) if normal else 0} graph launches each",
     )
 
-# 2. iteration times vs CUDA events
+# 2. iteration times vs CUDA events. The example records its CUDA events around the step's GPU
+# work (before the batch's copy to the device, after the optimizer): compared with each step's
+# GPU time from the shim's records (first activity start to last activity end, CLOCK_MONOTONIC).
+# The host wall time between the step markers is reported too: it also holds host time outside
+# the events (fetching the batch, waiting for the GIL between the marker and the event record).
 for label, p in (("eager", pe), ("graphs", pg)):
     steps = load(f"{label}-steps.json")
     if not (p and steps):
         continue
     ev = {s["step"]: s["cuda_event_ms"] for s in steps}
-    diffs = []
+    span, wall = [], []
     for i in p["iterations"]:
         if i["marked"] and i["step"] in ev and i["step"] >= 20:
-            ms = i["wall_ns"] / 1e6
-            diffs.append(abs(ms - ev[i["step"]]) / ev[i["step"]] * 100)
-    diffs.sort()
-    if diffs:
-        p95 = diffs[int(0.95 * (len(diffs) - 1))]
+            e = ev[i["step"]]
+            span.append(abs(i["gpu_span_ns"] / 1e6 - e) / e * 100)
+            wall.append((i["wall_ns"] / 1e6 - e) / e * 100)
+    span.sort()
+    wall.sort()
+    if span:
+        p95 = span[int(0.95 * (len(span) - 1))]
         check(
-            f"{label} iteration time vs CUDA events",
-            p95 <= 1.0,
-            f"{len(diffs)} steps: per-step difference median {statistics.median(diffs):.3f}%, "
-            f"p95 {p95:.3f}%, max {diffs[-1]:.3f}%",
+            f"{label} iteration GPU time vs CUDA events",
+            span[-1] <= 1.0,
+            f"{len(span)} steps: |difference| median {statistics.median(span):.4f}%, "
+            f"p95 {p95:.4f}%, max {span[-1]:.4f}%; host wall between markers minus events: "
+            f"median {statistics.median(wall):+.3f}%, p95 {wall[int(0.95 * (len(wall) - 1))]:+.3f}%",
         )
-        results["figures"][f"{label}_iteration_diff_pct"] = {
-            "median": statistics.median(diffs), "p95": p95, "max": diffs[-1], "n": len(diffs)}
+        results["figures"][f"{label}_iteration_gpu_diff_pct"] = {
+            "median": statistics.median(span), "p95": p95, "max": span[-1], "n": len(span)}
+        results["figures"][f"{label}_iteration_wall_minus_events_pct"] = {
+            "median": statistics.median(wall), "p95": wall[int(0.95 * (len(wall) - 1))]}
 
 # 3. graph nodes -> operators
 if pg:
@@ -164,8 +173,8 @@ if os.path.exists(race):
     text = open(race).read()
     check(
         "clear message when the shim loses the CUPTI race",
-        "CUPTI already has a subscriber" in text or "lost_race" in text,
-        text.strip().replace("\n", " | ")[:400],
+        "CUPTI already has a subscriber" in text and "'lost_race': True" in text,
+        " | ".join(l for l in text.splitlines() if "slo-probe shim" in l or "status" in l)[:600],
     )
 
 lines += ["", "```", json.dumps(results["figures"], indent=1), "```"]

@@ -665,6 +665,7 @@ pub fn json(obs: &Observation, command: &str) -> serde_json::Value {
                     "end_ns": i.end_ns,
                     "wall_ns": i.wall_ns(),
                     "gpu_busy_ns": i.gpu_busy_ns,
+                    "gpu_span_ns": i.gpu_span_ns(),
                     "kernels": i.kernels,
                     "graph_launches": i.graph_launches,
                     "memory_ops": i.memory_ops,

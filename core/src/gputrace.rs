@@ -132,6 +132,10 @@ pub struct Iteration {
     pub end_ns: u64,
     /// GPU time covered by at least one activity, ns.
     pub gpu_busy_ns: u64,
+    /// Start of its first GPU activity, ns (the iteration's start when it has none).
+    pub gpu_start_ns: u64,
+    /// End of its last GPU activity, ns (the iteration's start when it has none).
+    pub gpu_end_ns: u64,
     /// Eager kernels plus graph kernel nodes.
     pub kernels: u32,
     /// Graph launches seen at graph level.
@@ -153,6 +157,11 @@ impl Iteration {
     /// Wall time, ns.
     pub fn wall_ns(&self) -> u64 {
         self.end_ns.saturating_sub(self.start_ns)
+    }
+
+    /// From the start of its first GPU activity to the end of its last, ns.
+    pub fn gpu_span_ns(&self) -> u64 {
+        self.gpu_end_ns.saturating_sub(self.gpu_start_ns)
     }
 
     /// A launch-latency quantile, ns.
@@ -207,6 +216,47 @@ pub struct ShimProcess {
     pub iterations_total: u64,
 }
 
+/// A short readable label for a kernel name: Inductor's fused operators; else the demangled C++
+/// function name without namespaces, template arguments and parameters; for CUTLASS-style
+/// `Kernel<Config>` wrappers, the configuration's name.
+pub fn short_kernel_name(kernel: &str) -> String {
+    if let Some(ops) = inductor_ops(kernel) {
+        return ops.to_owned();
+    }
+    let demangled = cpp_demangle::Symbol::new(kernel)
+        .ok()
+        .map(|s| s.to_string())
+        .unwrap_or_else(|| kernel.to_owned());
+    // The name outside any template brackets, up to the parameter list; and the first
+    // template argument of the outermost brackets.
+    let mut head = String::new();
+    let mut first_arg = String::new();
+    let mut depth = 0usize;
+    let mut in_first_arg = true;
+    for c in demangled.chars() {
+        match (c, depth) {
+            ('(', 0) => break,
+            ('<', _) => depth += 1,
+            ('>', _) => depth = depth.saturating_sub(1),
+            (',', 1) => in_first_arg = false,
+            (c, 0) => head.push(c),
+            (c, _) if in_first_arg => first_arg.push(c),
+            _ => {}
+        }
+    }
+    let last = |s: &str| s.rsplit("::").next().unwrap_or(s).trim().to_owned();
+    let name = last(head.trim_start_matches("void ").trim());
+    let lower = name.to_ascii_lowercase();
+    if (lower.starts_with("kernel") || lower == "device_kernel") && !first_arg.is_empty() {
+        return last(&first_arg);
+    }
+    if name.is_empty() {
+        kernel.to_owned()
+    } else {
+        name
+    }
+}
+
 /// Folds records into iterations.
 #[derive(Default)]
 pub struct TraceAssembler {
@@ -250,7 +300,7 @@ impl TraceAssembler {
             _ => {}
         }
         match self.names.get(&a.name_id) {
-            Some(n) => inductor_ops(n).unwrap_or(n).to_owned(),
+            Some(n) => short_kernel_name(n),
             None => format!("kernel#{}", a.name_id),
         }
     }
@@ -427,6 +477,7 @@ impl TraceAssembler {
             busy += ce - cs;
         }
         let first_start = intervals.first().map_or(e, |(s, _)| *s);
+        let last_end = intervals.iter().map(|(_, t)| *t).max().unwrap_or(b);
         let mut lat: Vec<u64> = acts
             .iter()
             .filter(|a| a.launch_ns != 0 && a.kind != ActivityKind::GraphKernel)
@@ -459,6 +510,8 @@ impl TraceAssembler {
             start_ns: b,
             end_ns: e,
             gpu_busy_ns: busy,
+            gpu_start_ns: if intervals.is_empty() { b } else { first_start },
+            gpu_end_ns: last_end,
             kernels: acts
                 .iter()
                 .filter(|a| matches!(a.kind, ActivityKind::Kernel | ActivityKind::GraphKernel))
@@ -540,6 +593,24 @@ mod tests {
     }
 
     #[test]
+    fn readable_kernel_names() {
+        assert_eq!(
+            short_kernel_name(
+                "_ZN7cutlass7Kernel2I43cutlass_80_simt_sgemm_256x128_8x4_nt_align1EEvNT_6ParamsE"
+            ),
+            "cutlass_80_simt_sgemm_256x128_8x4_nt_align1"
+        );
+        assert_eq!(
+            short_kernel_name(
+                "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIiEESt5arrayIPcLm1EEEEviT0_T1_"
+            ),
+            "vectorized_elementwise_kernel"
+        );
+        assert_eq!(short_kernel_name("triton_poi_fused_gelu_3"), "gelu");
+        assert_eq!(short_kernel_name("plain_c_kernel"), "plain_c_kernel");
+    }
+
+    #[test]
     fn inductor_names() {
         assert_eq!(
             inductor_ops("triton_poi_fused_addmm_relu_0"),
@@ -579,6 +650,7 @@ mod tests {
         let i = &it[0];
         assert_eq!((i.step, i.wall_ns(), i.kernels), (0, 2_000, 2));
         assert_eq!(i.gpu_busy_ns, 1_100);
+        assert_eq!(i.gpu_span_ns(), 1_100);
         assert_eq!(i.idle_before_first_ns, 500);
         assert_eq!(i.launch_latencies_ns, vec![400, 800]);
         assert_eq!(i.ops.len(), 2);

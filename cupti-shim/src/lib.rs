@@ -124,6 +124,8 @@ struct Shim {
     api: Option<Cupti>,
     cupti_version: u32,
     subscriber: AtomicPtr<c_void>,
+    /// Activity kinds enabled and buffers registered by the shim.
+    activity_on: AtomicBool,
     transport: Option<Transport>,
     writer: Mutex<Writer>,
     queue: ArrayQueue<Queued>,
@@ -253,6 +255,7 @@ fn shim() -> &'static Shim {
             api,
             cupti_version,
             subscriber: AtomicPtr::new(std::ptr::null_mut()),
+            activity_on: AtomicBool::new(false),
             transport,
             writer: Mutex::new(Writer {
                 ring,
@@ -323,7 +326,10 @@ impl Shim {
     }
 
     /// Sets up CUPTI: timestamps, subscription, launch and resource callbacks, activity kinds.
-    fn start_tracing(&self) -> Result<(), String> {
+    /// With `activity_only_ok` (taking CUPTI back from a tool that keeps its subscription, as
+    /// torch.profiler does after it stops), a refused subscription still enables activity
+    /// tracing, without launch stamps and operator context.
+    fn start_tracing(&self, activity_only_ok: bool) -> Result<(), String> {
         let Some(api) = &self.api else {
             return Err("libcupti not available".into());
         };
@@ -333,7 +339,8 @@ impl Shim {
             (api.cuptiActivityRegisterTimestampCallback)(timestamp);
             let mut sub: *mut c_void = std::ptr::null_mut();
             let r = (api.cuptiSubscribe)(&mut sub, on_callback, std::ptr::null_mut());
-            if r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS {
+            let activity_only = r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS && activity_only_ok;
+            if r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS && !activity_only {
                 self.set_status(STATUS_LOST_RACE, true);
                 return Err(format!(
                     "CUPTI already has a subscriber in this process (torch.profiler / Kineto, \
@@ -344,18 +351,28 @@ impl Shim {
                     std::process::id()
                 ));
             }
-            if r != CUPTI_SUCCESS {
+            if r != CUPTI_SUCCESS && !activity_only {
                 return Err(format!("cuptiSubscribe failed: {}", api.describe(r)));
             }
-            self.subscriber.store(sub, Ordering::Release);
-            for cbid in DRIVER_LAUNCH_CBIDS {
-                (api.cuptiEnableCallback)(1, sub, DOMAIN_DRIVER, cbid);
-            }
-            for cbid in RUNTIME_LAUNCH_CBIDS {
-                (api.cuptiEnableCallback)(1, sub, DOMAIN_RUNTIME, cbid);
-            }
-            for cbid in [CBID_GRAPHNODE_CREATED, CBID_GRAPHNODE_CLONED] {
-                (api.cuptiEnableCallback)(1, sub, DOMAIN_RESOURCE, cbid);
+            if activity_only {
+                self.set_status(STATUS_LOST_RACE, true);
+                say!(
+                    "another tool still holds the CUPTI subscription (torch.profiler keeps it \
+                     after it stops): GPU activity is traced again, without launch latency and \
+                     operator context"
+                );
+            } else {
+                self.set_status(STATUS_LOST_RACE, false);
+                self.subscriber.store(sub, Ordering::Release);
+                for cbid in DRIVER_LAUNCH_CBIDS {
+                    (api.cuptiEnableCallback)(1, sub, DOMAIN_DRIVER, cbid);
+                }
+                for cbid in RUNTIME_LAUNCH_CBIDS {
+                    (api.cuptiEnableCallback)(1, sub, DOMAIN_RUNTIME, cbid);
+                }
+                for cbid in [CBID_GRAPHNODE_CREATED, CBID_GRAPHNODE_CLONED] {
+                    (api.cuptiEnableCallback)(1, sub, DOMAIN_RESOURCE, cbid);
+                }
             }
             let r = (api.cuptiActivityRegisterCallbacks)(buffer_requested, buffer_completed);
             if r != CUPTI_SUCCESS {
@@ -385,6 +402,7 @@ impl Shim {
         self.set_status(STATUS_DIAGNOSTIC, self.diag_always);
         self.set_status(STATUS_TRACING, true);
         self.set_status(STATUS_RELEASED, false);
+        self.activity_on.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -393,11 +411,11 @@ impl Shim {
         let Some(api) = &self.api else {
             return Ok(());
         };
-        let sub = self.subscriber.swap(std::ptr::null_mut(), Ordering::AcqRel);
-        if sub.is_null() {
+        if !self.activity_on.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
-        // SAFETY: valid CUPTI calls on our own subscriber.
+        let sub = self.subscriber.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        // SAFETY: valid CUPTI calls; the subscriber, when there is one, is ours.
         unsafe {
             (api.cuptiActivityFlushAll)(FLUSH_FORCED);
             for k in [
@@ -408,12 +426,14 @@ impl Shim {
             ] {
                 (api.cuptiActivityDisable)(k);
             }
-            (api.cuptiEnableDomain)(0, sub, DOMAIN_DRIVER);
-            (api.cuptiEnableDomain)(0, sub, DOMAIN_RUNTIME);
-            (api.cuptiEnableDomain)(0, sub, DOMAIN_RESOURCE);
-            let r = (api.cuptiUnsubscribe)(sub);
-            if r != CUPTI_SUCCESS {
-                return Err(format!("cuptiUnsubscribe failed: {}", api.describe(r)));
+            if !sub.is_null() {
+                (api.cuptiEnableDomain)(0, sub, DOMAIN_DRIVER);
+                (api.cuptiEnableDomain)(0, sub, DOMAIN_RUNTIME);
+                (api.cuptiEnableDomain)(0, sub, DOMAIN_RESOURCE);
+                let r = (api.cuptiUnsubscribe)(sub);
+                if r != CUPTI_SUCCESS {
+                    return Err(format!("cuptiUnsubscribe failed: {}", api.describe(r)));
+                }
             }
         }
         if let Ok(mut w) = self.writer.lock() {
@@ -424,8 +444,9 @@ impl Shim {
         Ok(())
     }
 
+    /// Whether activity tracing is on (with or without a subscription).
     fn tracing(&self) -> bool {
-        !self.subscriber.load(Ordering::Acquire).is_null()
+        self.activity_on.load(Ordering::Acquire)
     }
 
     /// Node-level graph tracing on (`on`) or off: graph-level tracing and node-level kernel
@@ -806,7 +827,7 @@ pub extern "C" fn InitializeInjection() -> i32 {
         let s = shim();
         // SAFETY: registering a function with no preconditions.
         unsafe { libc::atexit(at_exit) };
-        match s.start_tracing() {
+        match s.start_tracing(false) {
             Ok(()) => {
                 if s.log {
                     say!("tracing (CUPTI {})", s.cupti_version);
@@ -919,7 +940,7 @@ pub extern "C" fn slo_probe_cupti_reacquire() -> i32 {
         if s.tracing() {
             return 0;
         }
-        match s.start_tracing() {
+        match s.start_tracing(true) {
             Ok(()) => 0,
             Err(e) => {
                 say!("{e}");
