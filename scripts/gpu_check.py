@@ -124,6 +124,10 @@ for label, p in (("eager", pe), ("graphs", pg)):
         )
         results["figures"][f"{label}_iteration_gpu_diff_pct"] = {
             "median": statistics.median(span), "p95": p95, "max": span[-1], "n": len(span)}
+        results[f"{label}_per_step"] = [
+            {"step": i["step"], "wall_ms": i["wall_ns"] / 1e6, "gpu_span_ms": i["gpu_span_ns"] / 1e6,
+             "cuda_event_ms": ev[i["step"]], "kernels": i["kernels"]}
+            for i in p["iterations"] if i["marked"] and i["step"] in ev]
         results["figures"][f"{label}_iteration_wall_minus_events_pct"] = {
             "median": statistics.median(wall), "p95": wall[int(0.95 * (len(wall) - 1))]}
 

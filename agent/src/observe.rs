@@ -654,6 +654,7 @@ pub fn json(obs: &Observation, command: &str) -> serde_json::Value {
                 "cupti_dropped": p.cupti_dropped,
                 "corrupt_bytes": p.corrupt_bytes,
                 "decode_failed": p.decode_failed,
+                "late": p.late,
                 "seen": {
                     "kernels": p.seen[0], "graphs": p.seen[1], "memory": p.seen[2],
                     "graph_nodes": p.seen[3], "strings": p.seen[4], "steps": p.seen[5],

@@ -132,6 +132,26 @@ pub struct GpuMemRecord {
 }
 const _: () = assert!(size_of::<GpuMemRecord>() == 80);
 
+/// A CUDA event recorded on a stream (`CUPTI_ACTIVITY_KIND_CUDA_EVENT`), with its GPU timestamp:
+/// the points a training script brackets its steps with, on the same clock as kernels.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuEventRecord {
+    /// `{ kind: GpuEvent, version: 1, len: 32 }`.
+    pub header: RecordHeader,
+    /// When the GPU reached the event, CLOCK_MONOTONIC ns.
+    pub ts_ns: u64,
+    /// Correlation id of the `cudaEventRecord` call.
+    pub correlation_id: u32,
+    /// CUPTI's event id.
+    pub event_id: u32,
+    /// CUDA stream id.
+    pub stream_id: u32,
+    /// CUDA device ordinal.
+    pub device_id: u32,
+}
+const _: () = assert!(size_of::<GpuEventRecord>() == 32);
+
 /// [`GraphNodeRecord::flags`]: a node created during stream capture (or explicitly).
 pub const NODE_CREATED: u32 = 1;
 /// [`GraphNodeRecord::flags`]: a node cloned from another when a graph was instantiated or
@@ -199,6 +219,7 @@ record!(GpuKernelRecord, GpuKernel);
 record!(GpuGraphRecord, GpuGraph);
 record!(GpuMemRecord, GpuMem);
 record!(GraphNodeRecord, GraphNode);
+record!(GpuEventRecord, GpuEvent);
 record!(StepRecord, Step);
 
 /// [`StringRecord`] kind: a kernel name.

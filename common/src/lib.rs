@@ -13,7 +13,7 @@
 //! |---|---|---|
 //! | `0x0001..=0x00ff` | host scheduling and processes (eBPF) | [`RecordKind::RunqLatency`], [`RecordKind::ProcessEvent`] |
 //! | `0x0100..=0x01ff` | host network (eBPF) | [`RecordKind::TcpRetransmit`] |
-//! | `0x0200..=0x02ff` | GPU activity (CUPTI shim) | [`RecordKind::GpuKernel`], [`RecordKind::GpuGraph`], [`RecordKind::GpuMem`], [`RecordKind::GraphNode`], [`RecordKind::String`] |
+//! | `0x0200..=0x02ff` | GPU activity (CUPTI shim) | [`RecordKind::GpuKernel`], [`RecordKind::GpuGraph`], [`RecordKind::GpuMem`], [`RecordKind::GraphNode`], [`RecordKind::String`], [`RecordKind::GpuEvent`] |
 //! | `0x0300..=0x03ff` | job markers (python client, shim) | [`RecordKind::Step`] |
 //!
 //! Kind 0 is padding in a shared-memory ring ([`ring`]); it is never a record.
@@ -32,7 +32,8 @@ pub mod ring;
 pub mod sched;
 
 pub use gpu::{
-    GpuGraphRecord, GpuKernelRecord, GpuMemRecord, GraphNodeRecord, StepRecord, StringRecord,
+    GpuEventRecord, GpuGraphRecord, GpuKernelRecord, GpuMemRecord, GraphNodeRecord, StepRecord,
+    StringRecord,
 };
 pub use net::{ConnStats, NetTpOffsets, SockOffsets, TcpRetransmitRecord, TcpTuple, CONN_CLOSED};
 pub use proc::{ProcessEventRecord, PROC_EXEC, PROC_EXIT, PROC_FORK};
@@ -85,6 +86,8 @@ pub enum RecordKind {
     GraphNode = 0x0203,
     /// [`StringRecord`]: a kernel or operator name (variable length).
     String = 0x0204,
+    /// [`GpuEventRecord`]: a CUDA event reached on the GPU.
+    GpuEvent = 0x0205,
     /// [`StepRecord`]: an iteration marker.
     Step = 0x0300,
 }
@@ -101,6 +104,7 @@ impl RecordKind {
             0x0202 => Some(Self::GpuMem),
             0x0203 => Some(Self::GraphNode),
             0x0204 => Some(Self::String),
+            0x0205 => Some(Self::GpuEvent),
             0x0300 => Some(Self::Step),
             _ => None,
         }
@@ -215,6 +219,8 @@ pub enum AnyRecord<'a> {
     GraphNode(GraphNodeRecord),
     /// See [`StringRecord`].
     String(StringRecord<'a>),
+    /// See [`GpuEventRecord`].
+    GpuEvent(GpuEventRecord),
     /// See [`StepRecord`].
     Step(StepRecord),
 }
@@ -288,6 +294,7 @@ pub fn decode(bytes: &[u8]) -> Result<(AnyRecord<'_>, usize), DecodeError> {
         Some(RecordKind::GpuMem) => fixed(bytes, AnyRecord::GpuMem),
         Some(RecordKind::GraphNode) => fixed(bytes, AnyRecord::GraphNode),
         Some(RecordKind::Step) => fixed(bytes, AnyRecord::Step),
+        Some(RecordKind::GpuEvent) => fixed(bytes, AnyRecord::GpuEvent),
         Some(RecordKind::String) => {
             StringRecord::decode(bytes).map(|(s, used)| (AnyRecord::String(s), used))
         }

@@ -25,6 +25,8 @@ pub enum ActivityKind {
     Graph,
     /// A memcpy or memset.
     Memory,
+    /// A CUDA event reached on a stream (a point in time).
+    Event,
 }
 
 /// One GPU activity with its names resolved to ids.
@@ -132,9 +134,10 @@ pub struct Iteration {
     pub end_ns: u64,
     /// GPU time covered by at least one activity, ns.
     pub gpu_busy_ns: u64,
-    /// Start of its first GPU activity, ns (the iteration's start when it has none).
+    /// Start of its first GPU activity or CUDA event, ns (the iteration's start when it has
+    /// none).
     pub gpu_start_ns: u64,
-    /// End of its last GPU activity, ns (the iteration's start when it has none).
+    /// End of its last GPU activity or CUDA event, ns (the iteration's start when it has none).
     pub gpu_end_ns: u64,
     /// Eager kernels plus graph kernel nodes.
     pub kernels: u32,
@@ -210,6 +213,8 @@ pub struct ShimProcess {
     pub decode_failed: u64,
     /// Records seen by kind: kernels, graphs, memory, graph nodes, strings, steps.
     pub seen: [u64; 6],
+    /// GPU activities outside every iteration (between steps, or late for theirs).
+    pub late: u64,
     /// Completed iterations, oldest first (a bounded window).
     pub iterations: Vec<Iteration>,
     /// Iterations completed since the shim registered.
@@ -223,10 +228,16 @@ pub fn short_kernel_name(kernel: &str) -> String {
     if let Some(ops) = inductor_ops(kernel) {
         return ops.to_owned();
     }
-    let demangled = cpp_demangle::Symbol::new(kernel)
-        .ok()
-        .map(|s| s.to_string())
-        .unwrap_or_else(|| kernel.to_owned());
+    let demangled = match cpp_demangle::Symbol::new(kernel) {
+        Ok(s) => s.to_string(),
+        // Some CUDA names (anonymous namespaces with file hashes) defeat the demangler: take
+        // the last name of the nested name directly.
+        Err(_) => match itanium_nested_name(kernel) {
+            Some(n) => return n,
+            None => kernel.to_owned(),
+        },
+    };
+    let demangled = demangled.replace("(anonymous namespace)", "anon");
     // The name outside any template brackets, up to the parameter list; and the first
     // template argument of the outermost brackets.
     let mut head = String::new();
@@ -257,6 +268,25 @@ pub fn short_kernel_name(kernel: &str) -> String {
     }
 }
 
+/// The last plain identifier of an Itanium nested name (`_ZN2at6native...` → its last
+/// component before template arguments or the end), `None` if `name` is not one.
+fn itanium_nested_name(name: &str) -> Option<String> {
+    let rest = name.strip_prefix("_ZN")?.as_bytes();
+    let mut i = 0;
+    let mut last = None;
+    while i < rest.len() && rest[i].is_ascii_digit() {
+        let start = i;
+        while i < rest.len() && rest[i].is_ascii_digit() {
+            i += 1;
+        }
+        let len: usize = std::str::from_utf8(&rest[start..i]).ok()?.parse().ok()?;
+        let ident = rest.get(i..i + len)?;
+        last = Some(String::from_utf8_lossy(ident).into_owned());
+        i += len;
+    }
+    last
+}
+
 /// Folds records into iterations.
 #[derive(Default)]
 pub struct TraceAssembler {
@@ -266,11 +296,12 @@ pub struct TraceAssembler {
     pending: Vec<Activity>,
     steps: BTreeMap<u64, (Option<u64>, Option<u64>)>,
     marked: bool,
-    latest_gpu_ns: u64,
     next_detected: u64,
     graph_counts: HashMap<u32, u64>,
     /// Records seen, by kind: kernels, graphs, memory, nodes, strings, steps.
     pub seen: [u64; 6],
+    /// Activities that belonged to no iteration (between steps, or too late for theirs).
+    pub late: u64,
 }
 
 impl TraceAssembler {
@@ -325,6 +356,16 @@ impl TraceAssembler {
                 self.seen[2] += 1;
                 Activity::from_mem(m)
             }
+            AnyRecord::GpuEvent(e) => Activity {
+                kind: ActivityKind::Event,
+                start_ns: e.ts_ns,
+                end_ns: e.ts_ns,
+                launch_ns: 0,
+                name_id: 0,
+                op_id: 0,
+                graph_id: 0,
+                stream_id: e.stream_id,
+            },
             AnyRecord::GraphNode(n) => {
                 self.seen[3] += 1;
                 let op = if n.op_id != 0 {
@@ -360,24 +401,26 @@ impl TraceAssembler {
             }
             _ => return,
         };
-        self.latest_gpu_ns = self.latest_gpu_ns.max(a.end_ns);
         self.pending.push(a);
     }
 
-    /// Returns the iterations that are complete: marked ones whose end is older than the newest
-    /// GPU activity seen by `settle_ns` (their GPU work has arrived), or all of them when
-    /// `flush`. Without markers, detected iterations (see the module docs) up to the last
-    /// boundary. Activities of returned iterations are released.
-    pub fn take_iterations(&mut self, settle_ns: u64, flush: bool) -> Vec<Iteration> {
+    /// Returns the iterations that are complete: marked ones that ended at least `settle_ns`
+    /// before `now_ns` (CLOCK_MONOTONIC; CUPTI delivers records in buffers, so a step's records
+    /// can arrive after later steps' — the settle time covers the shim's flush period with room
+    /// to spare), or all of them when `flush`. Without markers, detected iterations (see the
+    /// module docs) up to the last boundary. Activities of returned iterations are released;
+    /// records that arrive for an iteration already returned are counted in
+    /// [`TraceAssembler::late`].
+    pub fn take_iterations(&mut self, now_ns: u64, settle_ns: u64, flush: bool) -> Vec<Iteration> {
         if self.marked {
-            self.take_marked(settle_ns, flush)
+            self.take_marked(now_ns, settle_ns, flush)
         } else {
             self.take_detected(flush)
         }
     }
 
-    fn take_marked(&mut self, settle_ns: u64, flush: bool) -> Vec<Iteration> {
-        let horizon = self.latest_gpu_ns.saturating_sub(settle_ns);
+    fn take_marked(&mut self, now_ns: u64, settle_ns: u64, flush: bool) -> Vec<Iteration> {
+        let horizon = now_ns.saturating_sub(settle_ns);
         let ready: Vec<(u64, u64, u64)> = self
             .steps
             .iter()
@@ -394,10 +437,13 @@ impl TraceAssembler {
             self.pending = rest;
             out.push(self.summarise(step, true, b, e, &inside));
         }
-        // Activities launched before the oldest open step belong to no iteration.
+        // Activities launched before the oldest open step belong to no iteration: between two
+        // steps, or late for one already returned.
         if let Some((_, (Some(b), _))) = self.steps.iter().next() {
             let b = *b;
+            let before = self.pending.len();
             self.pending.retain(|a| a.anchor_ns() >= b);
+            self.late += (before - self.pending.len()) as u64;
         }
         out.sort_by_key(|i| i.start_ns);
         out
@@ -477,7 +523,9 @@ impl TraceAssembler {
             busy += ce - cs;
         }
         let first_start = intervals.first().map_or(e, |(s, _)| *s);
-        let last_end = intervals.iter().map(|(_, t)| *t).max().unwrap_or(b);
+        // The GPU span also counts CUDA events the script recorded on its streams.
+        let span_start = acts.iter().map(|a| a.start_ns).min();
+        let span_end = acts.iter().map(|a| a.end_ns).max();
         let mut lat: Vec<u64> = acts
             .iter()
             .filter(|a| a.launch_ns != 0 && a.kind != ActivityKind::GraphKernel)
@@ -510,8 +558,8 @@ impl TraceAssembler {
             start_ns: b,
             end_ns: e,
             gpu_busy_ns: busy,
-            gpu_start_ns: if intervals.is_empty() { b } else { first_start },
-            gpu_end_ns: last_end,
+            gpu_start_ns: span_start.unwrap_or(b),
+            gpu_end_ns: span_end.unwrap_or(b),
             kernels: acts
                 .iter()
                 .filter(|a| matches!(a.kind, ActivityKind::Kernel | ActivityKind::GraphKernel))
@@ -607,7 +655,22 @@ mod tests {
             "vectorized_elementwise_kernel"
         );
         assert_eq!(short_kernel_name("triton_poi_fused_gelu_3"), "gelu");
+        assert_eq!(
+            short_kernel_name(
+                "_ZN2at6native55_GLOBAL__N__d25d856e_22_ForeachBinaryOpList_cu_a911ec4325multi_tensor_apply_kernelINS1_18TensorListMetadataILi2EEENS1_24BinaryOpListAlphaFunctorIfLi2ELi2ELi0EEEJSt4plusIfEfEEEvT_T0_DpT1_"
+            ),
+            "multi_tensor_apply_kernel"
+        );
         assert_eq!(short_kernel_name("plain_c_kernel"), "plain_c_kernel");
+    }
+
+    #[test]
+    fn nested_name_fallback() {
+        assert_eq!(
+            itanium_nested_name("_ZN2at6native13reduce_kernelILi512EEEvT_").as_deref(),
+            Some("reduce_kernel")
+        );
+        assert_eq!(itanium_nested_name("plain"), None);
     }
 
     #[test]
@@ -644,8 +707,9 @@ mod tests {
         t.push(&AnyRecord::Step(step(0, 3_000, STEP_END)));
         t.push(&AnyRecord::Step(step(1, 3_100, STEP_BEGIN)));
         t.push(&AnyRecord::GpuKernel(kernel(9_000, 100, 3_200, 1, 0)));
-        // Step 0 is complete once GPU activity has moved past its end.
-        let it = t.take_iterations(0, false);
+        // Step 0 is complete once the settle time has passed after its end.
+        assert!(t.take_iterations(3_500, 1_000, false).is_empty());
+        let it = t.take_iterations(4_000, 1_000, false);
         assert_eq!(it.len(), 1);
         let i = &it[0];
         assert_eq!((i.step, i.wall_ns(), i.kernels), (0, 2_000, 2));
@@ -660,9 +724,9 @@ mod tests {
             .iter()
             .any(|o| o.op == "blocks.0.up" && o.gpu_ns == 600));
         // Step 1 has no end yet.
-        assert!(t.take_iterations(0, false).is_empty());
+        assert!(t.take_iterations(100_000, 0, false).is_empty());
         t.push(&AnyRecord::Step(step(1, 9_500, STEP_END)));
-        let it = t.take_iterations(0, true);
+        let it = t.take_iterations(0, 0, true);
         assert_eq!((it[0].step, it[0].kernels), (1, 1));
     }
 
@@ -676,7 +740,7 @@ mod tests {
                 t.push(&AnyRecord::GpuKernel(kernel(ts + 10, 50, ts, name, 0)));
             }
         }
-        let it = t.take_iterations(0, false);
+        let it = t.take_iterations(0, 0, false);
         assert_eq!(it.len(), 9, "{it:?}");
         assert!(it
             .iter()

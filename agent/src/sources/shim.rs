@@ -37,8 +37,9 @@ use slo_probe_core::gputrace::{ShimProcess, TraceAssembler};
 pub const DEFAULT_SOCKET: &str = "/run/slo-probe/shim.sock";
 /// Iterations kept per process for snapshots.
 const KEEP_ITERATIONS: usize = 512;
-/// How long a marked iteration waits for its GPU records (ns of GPU time past its end).
-const SETTLE_NS: u64 = 50_000_000;
+/// How long after its end marker an iteration waits for its GPU records: CUPTI hands records
+/// over in buffers, flushed by the shim every 200 ms.
+const SETTLE_NS: u64 = 1_500_000_000;
 
 /// Errors of the shim source.
 #[derive(Debug, thiserror::Error)]
@@ -436,7 +437,12 @@ fn drain_all(s: &mut State, flush: bool) {
         };
         c.closed = r == 0;
         p.connected = !c.closed;
-        let done = asm.take_iterations(SETTLE_NS, flush || c.closed);
+        let done = asm.take_iterations(
+            crate::collector::monotonic_ns(),
+            SETTLE_NS,
+            flush || c.closed,
+        );
+        p.late = asm.late;
         p.iterations_total += done.len() as u64;
         p.iterations.extend(done);
         let excess = p.iterations.len().saturating_sub(KEEP_ITERATIONS);
