@@ -159,6 +159,7 @@ fn roles_of_a_real_multi_process_workload() {
         &command,
         Duration::from_secs(10),
         config.tick(),
+        &observe::Inject::default(),
     )
     .expect("observe");
     assert!(obs.exit.is_some_and(|s| s.success()), "workload failed");

@@ -622,7 +622,7 @@ fn gpu_report(out: &mut String, p: &slo_probe_core::gputrace::ShimProcess) {
         }
     }
     let mut ops: Vec<_> = ops.into_iter().collect();
-    ops.sort_by(|a, b| b.1 .0.cmp(&a.1 .0));
+    ops.sort_by_key(|o| std::cmp::Reverse(o.1 .0));
     let total: u64 = ops.iter().map(|o| o.1 .0).sum();
     let _ = writeln!(out, "  operators by GPU time:");
     for (op, (ns, k)) in ops.iter().take(8) {

@@ -356,6 +356,8 @@ impl TraceAssembler {
                 self.seen[2] += 1;
                 Activity::from_mem(m)
             }
+            // CUPTI 13.0 reports no timestamp for events (0): nothing to place.
+            AnyRecord::GpuEvent(e) if e.ts_ns == 0 => return,
             AnyRecord::GpuEvent(e) => Activity {
                 kind: ActivityKind::Event,
                 start_ns: e.ts_ns,

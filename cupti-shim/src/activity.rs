@@ -6,13 +6,12 @@
 use std::mem::offset_of;
 
 use cudarc::cupti::sys::{
-    CUpti_ActivityCudaEvent2 as Event2, CUpti_ActivityGraphTrace2 as Graph2,
-    CUpti_ActivityKernel10 as Kernel10, CUpti_ActivityMemcpy6 as Memcpy6,
-    CUpti_ActivityMemset4 as Memset4,
+    CUpti_ActivityGraphTrace2 as Graph2, CUpti_ActivityKernel10 as Kernel10,
+    CUpti_ActivityMemcpy6 as Memcpy6, CUpti_ActivityMemset4 as Memset4,
 };
 use slo_probe_common::{
     gpu::{KERNEL_IN_GRAPH, MEM_KIND_MEMSET},
-    GpuEventRecord, GpuGraphRecord, GpuKernelRecord, GpuMemRecord, RecordHeader,
+    GpuGraphRecord, GpuKernelRecord, GpuMemRecord, RecordHeader,
 };
 
 /// `CUPTI_ACTIVITY_KIND_MEMCPY`.
@@ -21,8 +20,6 @@ pub const KIND_MEMCPY: u32 = 1;
 pub const KIND_MEMSET: u32 = 2;
 /// `CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL`.
 pub const KIND_CONCURRENT_KERNEL: u32 = 10;
-/// `CUPTI_ACTIVITY_KIND_CUDA_EVENT`.
-pub const KIND_CUDA_EVENT: u32 = 36;
 /// `CUPTI_ACTIVITY_KIND_GRAPH_TRACE`.
 pub const KIND_GRAPH_TRACE: u32 = 51;
 
@@ -183,24 +180,6 @@ pub unsafe fn memset(rec: *const u8, ctx: &mut impl Context) -> GpuMemRecord {
             op_id,
             launch_tid,
             flags: 0,
-        }
-    }
-}
-
-/// Converts a `CUDA_EVENT` record.
-///
-/// # Safety
-/// `rec` must point to a CUPTI `CUpti_ActivityCudaEvent2`.
-pub unsafe fn event(rec: *const u8) -> GpuEventRecord {
-    // SAFETY: per the caller.
-    unsafe {
-        GpuEventRecord {
-            header: RecordHeader::of::<GpuEventRecord>(),
-            ts_ns: field(rec, offset_of!(Event2, deviceTimestamp)),
-            correlation_id: field(rec, offset_of!(Event2, correlationId)),
-            event_id: field(rec, offset_of!(Event2, eventId)),
-            stream_id: field(rec, offset_of!(Event2, streamId)),
-            device_id: field(rec, offset_of!(Event2, deviceId)),
         }
     }
 }

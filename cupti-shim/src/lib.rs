@@ -385,7 +385,6 @@ impl Shim {
                 activity::KIND_CONCURRENT_KERNEL,
                 activity::KIND_MEMCPY,
                 activity::KIND_MEMSET,
-                activity::KIND_CUDA_EVENT,
             ];
             if !self.diag_always {
                 kinds.push(activity::KIND_GRAPH_TRACE);
@@ -423,7 +422,6 @@ impl Shim {
                 activity::KIND_CONCURRENT_KERNEL,
                 activity::KIND_MEMCPY,
                 activity::KIND_MEMSET,
-                activity::KIND_CUDA_EVENT,
                 activity::KIND_GRAPH_TRACE,
             ] {
                 (api.cuptiActivityDisable)(k);
@@ -712,9 +710,6 @@ unsafe extern "C" fn buffer_completed(
                             let m = activity::memset(p, &mut ctx2);
                             s.counters.mem_records.fetch_add(1, Ordering::Relaxed);
                             w.push(m.as_bytes());
-                        }
-                        activity::KIND_CUDA_EVENT => {
-                            w.push(activity::event(p).as_bytes());
                         }
                         _ => {
                             s.counters.other_records.fetch_add(1, Ordering::Relaxed);
