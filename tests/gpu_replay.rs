@@ -12,6 +12,15 @@ use slo_probe_common::{AnyRecord, RecordIter};
 use slo_probe_core::gputrace::{Iteration, TraceAssembler};
 
 fn replay(name: &str) -> (TraceAssembler, Vec<Iteration>, BTreeMap<&'static str, u64>) {
+    replay_with(name, true)
+}
+
+/// Replays a fixture; without `markers` the step records are left out, so iterations must be
+/// detected.
+fn replay_with(
+    name: &str,
+    markers: bool,
+) -> (TraceAssembler, Vec<Iteration>, BTreeMap<&'static str, u64>) {
     let path = format!("{}/fixtures/gpu/{name}", env!("CARGO_MANIFEST_DIR"));
     let data = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let mut asm = TraceAssembler::new();
@@ -30,7 +39,9 @@ fn replay(name: &str) -> (TraceAssembler, Vec<Iteration>, BTreeMap<&'static str,
             _ => "other",
         };
         *kinds.entry(kind).or_default() += 1;
-        asm.push(&r);
+        if markers || kind != "step" {
+            asm.push(&r);
+        }
     }
     assert_eq!(iter.dropped_bytes(), 0, "{name}: undecodable tail");
     let its = asm.take_iterations(0, 0, true);
@@ -122,4 +133,28 @@ fn graph_trace_replays_with_graph_and_node_level_steps() {
         let all: u64 = i.ops.iter().map(|o| o.gpu_ns).sum();
         assert!(named * 100 >= all * 95, "{:?}", i.ops);
     }
+}
+
+/// Without step markers the iterations of the eager job are found from the period of its kernel
+/// sequence, and those of the CUDA-graph job from its graph launches.
+#[test]
+fn iterations_are_detected_without_markers() {
+    let (_, its, _) = replay_with("h200-eager.bin", false);
+    eprintln!("eager, detected: {} iterations", its.len());
+    assert!((295..=300).contains(&its.len()), "{}", its.len());
+    assert!(its.iter().all(|i| !i.marked));
+    let steady = &its[30..its.len() - 5];
+    assert!(
+        steady.iter().all(|i| i.kernels == 172),
+        "{:?}",
+        steady.iter().map(|i| i.kernels).collect::<Vec<_>>()
+    );
+    let walls: Vec<u64> = steady.iter().map(Iteration::wall_ns).collect();
+    let m = median(walls.clone());
+    // The marked run's steps take about 17.7 ms.
+    assert!((15_000_000..20_000_000).contains(&m), "{m}");
+
+    let (_, its, _) = replay_with("h200-graphs.bin", false);
+    eprintln!("graphs, detected: {} iterations", its.len());
+    assert!((270..=300).contains(&its.len()), "{}", its.len());
 }
