@@ -9,7 +9,10 @@
 use std::collections::BTreeMap;
 
 use slo_probe_common::{AnyRecord, RecordIter};
-use slo_probe_core::gputrace::{Iteration, TraceAssembler};
+use slo_probe_core::{
+    gputrace::{Iteration, TraceAssembler},
+    occupancy::SmLimits,
+};
 
 fn replay(name: &str) -> (TraceAssembler, Vec<Iteration>, BTreeMap<&'static str, u64>) {
     replay_with(name, true)
@@ -24,6 +27,8 @@ fn replay_with(
     let path = format!("{}/fixtures/gpu/{name}", env!("CARGO_MANIFEST_DIR"));
     let data = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let mut asm = TraceAssembler::new();
+    // The fixtures were recorded on an H200 (compute capability 9.0).
+    asm.set_limits(SmLimits::for_capability(9, 0));
     let mut kinds: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut iter = RecordIter::new(&data);
     for r in iter.by_ref() {
@@ -91,6 +96,18 @@ fn eager_trace_replays_into_300_iterations() {
     assert!(!ops.iter().any(|o| o.starts_with("_Z")), "mangled: {ops:?}");
     // Launch latency is known for eager kernels.
     assert!(steady.iter().all(|i| !i.launch_latencies_ns.is_empty()));
+    // Theoretical occupancy of every kernel, from its launch configuration.
+    let occ = steady[0].occupancy.expect("occupancy");
+    assert!(occ > 0.0 && occ <= 1.0, "{occ}");
+    eprintln!(
+        "eager step 20: occupancy {occ:.2}; by op: {:?}",
+        steady[0]
+            .ops
+            .iter()
+            .take(4)
+            .map(|o| (o.op.as_str(), o.occupancy))
+            .collect::<Vec<_>>()
+    );
 }
 
 #[test]

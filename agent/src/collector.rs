@@ -16,6 +16,7 @@ use std::{
 use slo_probe_common::{decode, AnyRecord, Counter};
 use slo_probe_core::{
     net::ConnTable,
+    occupancy::SmLimits,
     proctree::ProcessTree,
     roles::{Role, RoleRules},
     snapshot::{AgentStats, OutlierLog, ProbeStatus, Snapshot},
@@ -112,8 +113,19 @@ impl Collector {
             (None, "off".to_owned())
         } else {
             match NvmlSampler::new() {
-                Ok(n) => {
+                Ok(mut n) => {
                     log::info!("{}", n.describe());
+                    if let Some(shim) = &shim {
+                        // Occupancy limits from the first GPU (nodes carry one GPU model).
+                        let cc = n
+                            .sample(monotonic_ns())
+                            .devices
+                            .first()
+                            .and_then(|d| d.compute_capability);
+                        shim.set_limits(
+                            cc.and_then(|c| SmLimits::for_capability(c.major, c.minor)),
+                        );
+                    }
                     (Some(n), String::new())
                 }
                 Err(e) => {

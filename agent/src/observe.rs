@@ -671,10 +671,12 @@ pub fn json(obs: &Observation, command: &str) -> serde_json::Value {
                     "graph_launches": i.graph_launches,
                     "memory_ops": i.memory_ops,
                     "idle_before_first_ns": i.idle_before_first_ns,
+                    "occupancy": i.occupancy,
                     "launch_latency_p50_ns": i.launch_latency_ns(0.5),
                     "launch_latency_p99_ns": i.launch_latency_ns(0.99),
                     "ops": i.ops.iter().take(20).map(|o| json!({
                         "op": o.op, "gpu_ns": o.gpu_ns, "kernels": o.kernels,
+                        "occupancy": o.occupancy,
                     })).collect::<Vec<_>>(),
                 })).collect::<Vec<_>>(),
             })

@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::occupancy::SmLimits;
 use slo_probe_common::{
     gpu::{STEP_BEGIN, STEP_END, STRING_KERNEL, STRING_OP},
     AnyRecord, GpuGraphRecord, GpuKernelRecord, GpuMemRecord,
@@ -30,7 +31,7 @@ pub enum ActivityKind {
 }
 
 /// One GPU activity with its names resolved to ids.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Activity {
     /// Kind.
     pub kind: ActivityKind,
@@ -48,6 +49,8 @@ pub struct Activity {
     pub graph_id: u32,
     /// Stream.
     pub stream_id: u32,
+    /// Theoretical occupancy of a kernel (0..=1), when the GPU's limits are known.
+    pub occupancy: Option<f32>,
 }
 
 impl Activity {
@@ -65,6 +68,7 @@ impl Activity {
             op_id: k.op_id,
             graph_id: k.graph_id,
             stream_id: k.stream_id,
+            occupancy: None,
         }
     }
 
@@ -78,6 +82,7 @@ impl Activity {
             op_id: g.op_id,
             graph_id: g.graph_id,
             stream_id: g.stream_id,
+            occupancy: None,
         }
     }
 
@@ -91,6 +96,7 @@ impl Activity {
             op_id: m.op_id,
             graph_id: m.graph_id,
             stream_id: m.stream_id,
+            occupancy: None,
         }
     }
 
@@ -110,7 +116,7 @@ impl Activity {
 }
 
 /// Time spent by one operator in an iteration.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct OpTime {
     /// Operator label: the script's op name, else the fused operators of an Inductor kernel
     /// name, else the kernel name.
@@ -119,6 +125,8 @@ pub struct OpTime {
     pub gpu_ns: u64,
     /// Kernels.
     pub kernels: u32,
+    /// GPU-time-weighted mean theoretical occupancy of its kernels, when known.
+    pub occupancy: Option<f64>,
 }
 
 /// One training iteration.
@@ -154,6 +162,8 @@ pub struct Iteration {
     pub launch_latencies_ns: Vec<u64>,
     /// Time per operator, largest first.
     pub ops: Vec<OpTime>,
+    /// GPU-time-weighted mean theoretical occupancy of its kernels, when known.
+    pub occupancy: Option<f64>,
 }
 
 impl Iteration {
@@ -302,12 +312,18 @@ pub struct TraceAssembler {
     pub seen: [u64; 6],
     /// Activities that belonged to no iteration (between steps, or too late for theirs).
     pub late: u64,
+    limits: Option<SmLimits>,
 }
 
 impl TraceAssembler {
     /// An empty assembler.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Sets the GPU's per-SM limits, for theoretical occupancy of the kernels that follow.
+    pub fn set_limits(&mut self, limits: Option<SmLimits>) {
+        self.limits = limits;
     }
 
     /// A name by id (kernel or operator), if its string record has arrived.
@@ -342,6 +358,11 @@ impl TraceAssembler {
             AnyRecord::GpuKernel(k) => {
                 self.seen[0] += 1;
                 let mut a = Activity::from_kernel(k);
+                a.occupancy = self.limits.and_then(|l| {
+                    let threads = k.block.iter().product::<u32>();
+                    l.occupancy(threads, k.registers, k.static_smem + k.dynamic_smem)
+                        .map(|o| o as f32)
+                });
                 if a.op_id == 0 && k.graph_node_id != 0 {
                     a.op_id = self.node_ops.get(&k.graph_node_id).copied().unwrap_or(0);
                 }
@@ -367,6 +388,7 @@ impl TraceAssembler {
                 op_id: 0,
                 graph_id: 0,
                 stream_id: e.stream_id,
+                occupancy: None,
             },
             AnyRecord::GraphNode(n) => {
                 self.seen[3] += 1;
@@ -534,7 +556,13 @@ impl TraceAssembler {
             .map(|a| a.start_ns.saturating_sub(a.launch_ns))
             .collect();
         lat.sort_unstable();
-        let mut by_op: HashMap<String, (u64, u32)> = HashMap::new();
+        // (GPU ns, kernels, occupancy × ns, ns with a known occupancy)
+        let mut by_op: HashMap<String, (u64, u32, f64, u64)> = HashMap::new();
+        let weighted = |a: &Activity| {
+            a.occupancy.map_or((0.0, 0), |o| {
+                (f64::from(o) * a.duration_ns() as f64, a.duration_ns())
+            })
+        };
         for a in acts.iter().filter(|a| {
             matches!(
                 a.kind,
@@ -542,15 +570,23 @@ impl TraceAssembler {
             )
         }) {
             let e = by_op.entry(self.op_label(a)).or_default();
+            let (w, n) = weighted(a);
             e.0 += a.duration_ns();
             e.1 += 1;
+            e.2 += w;
+            e.3 += n;
         }
+        let mean = |w: f64, n: u64| (n > 0).then(|| w / n as f64);
+        let (w_all, n_all) = by_op
+            .values()
+            .fold((0.0, 0), |(w, n), e| (w + e.2, n + e.3));
         let mut ops: Vec<OpTime> = by_op
             .into_iter()
-            .map(|(op, (gpu_ns, kernels))| OpTime {
+            .map(|(op, (gpu_ns, kernels, w, n))| OpTime {
                 op,
                 gpu_ns,
                 kernels,
+                occupancy: mean(w, n),
             })
             .collect();
         ops.sort_by(|a, b| b.gpu_ns.cmp(&a.gpu_ns).then(a.op.cmp(&b.op)));
@@ -582,6 +618,7 @@ impl TraceAssembler {
             idle_before_first_ns: first_start.saturating_sub(b),
             launch_latencies_ns: lat,
             ops,
+            occupancy: mean(w_all, n_all),
         }
     }
 }

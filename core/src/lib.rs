@@ -7,6 +7,7 @@ pub mod cgroup;
 pub mod gpu;
 pub mod gputrace;
 pub mod net;
+pub mod occupancy;
 pub mod proctree;
 pub mod roles;
 pub mod snapshot;

@@ -31,7 +31,10 @@ use slo_probe_common::{
     decode,
     ring::{Ring, ShimHello, RING_HEADER_LEN},
 };
-use slo_probe_core::gputrace::{ShimProcess, TraceAssembler};
+use slo_probe_core::{
+    gputrace::{ShimProcess, TraceAssembler},
+    occupancy::SmLimits,
+};
 
 /// Default socket path.
 pub const DEFAULT_SOCKET: &str = "/run/slo-probe/shim.sock";
@@ -88,6 +91,7 @@ struct State {
     conns: Vec<Conn>,
     procs: BTreeMap<u32, (ShimProcess, TraceAssembler)>,
     recorder: Option<PathBuf>,
+    limits: Option<SmLimits>,
 }
 
 /// The listener, the consumer thread, and what they collected.
@@ -131,6 +135,7 @@ impl ShimSource {
             conns: Vec::new(),
             procs: BTreeMap::new(),
             recorder: record_dir,
+            limits: None,
         }));
         let stop = Arc::new(AtomicBool::new(false));
         {
@@ -191,6 +196,16 @@ impl ShimSource {
         }
     }
 
+    /// The GPU's per-SM limits (from NVML's compute capability), for theoretical occupancy.
+    pub fn set_limits(&self, limits: Option<SmLimits>) {
+        if let Ok(mut s) = self.state.lock() {
+            s.limits = limits;
+            for (_, asm) in s.procs.values_mut() {
+                asm.set_limits(limits);
+            }
+        }
+    }
+
     /// Decode failures, for the agent's error counter.
     pub fn decode_failed(&self) -> u64 {
         self.snapshot().iter().map(|p| p.decode_failed).sum()
@@ -223,15 +238,18 @@ fn accept_loop(
                         s.conns.retain(|c| c.pid != conn.pid);
                         let pid = conn.pid;
                         let conn_cupti = conn.cupti_version;
+                        let limits = s.limits;
                         s.conns.push(conn);
                         s.procs.entry(pid).or_insert_with(|| {
+                            let mut asm = TraceAssembler::new();
+                            asm.set_limits(limits);
                             (
                                 ShimProcess {
                                     pid,
                                     cupti_version: conn_cupti,
                                     ..Default::default()
                                 },
-                                TraceAssembler::new(),
+                                asm,
                             )
                         });
                     }
@@ -388,6 +406,7 @@ fn drain_all(s: &mut State, flush: bool) {
         conns,
         procs,
         recorder,
+        ..
     } = s;
     for c in conns.iter_mut() {
         let Some((p, asm)) = procs.get_mut(&c.pid) else {
