@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use slo_probe_common::{AnyRecord, RecordIter};
 use slo_probe_core::{
+    gpu::{GpuHistory, GpuSample, GpuSnapshot},
     gputrace::{Iteration, TraceAssembler},
     occupancy::SmLimits,
 };
@@ -112,7 +113,7 @@ fn eager_trace_replays_into_300_iterations() {
 
 #[test]
 fn graph_trace_replays_with_graph_and_node_level_steps() {
-    let (_asm, its, kinds) = replay("h200-graphs.bin");
+    let (mut asm, its, kinds) = replay("h200-graphs.bin");
     eprintln!("graphs: {kinds:?}");
     assert!(kinds["graph"] > 1000, "{kinds:?}");
     assert!(kinds["graph_node"] > 100, "{kinds:?}");
@@ -149,7 +150,31 @@ fn graph_trace_replays_with_graph_and_node_level_steps() {
             .sum();
         let all: u64 = i.ops.iter().map(|o| o.gpu_ns).sum();
         assert!(named * 100 >= all * 95, "{:?}", i.ops);
+    } // The graphs launched at graph level resolve to what they run, from the node-level steps.
+    let graph_ops = asm.graph_ops().expect("node-level kernels seen");
+    let mut time = (0u64, 0u64); // (GPU ns of graph launches, of those with known contents)
+    for i in &graph_level {
+        for o in i.ops.iter().filter(|o| o.op.starts_with("graph#")) {
+            time.0 += o.gpu_ns;
+            let id: u32 = o.op["graph#".len()..].parse().expect("graph id");
+            if let Some(ops) = graph_ops.get(&id) {
+                time.1 += o.gpu_ns;
+                assert!(!ops.is_empty());
+                assert!(
+                    ops.iter().all(|(l, _)| !l.starts_with("kernel#")),
+                    "{ops:?}"
+                );
+                let share: f64 = ops.iter().map(|(_, s)| s).sum();
+                assert!(share > 0.5 && share <= 1.0 + 1e-9, "{share}");
+            }
+        }
     }
+    eprintln!(
+        "graph launches with known contents: {:.1}% of their GPU time; {} graphs",
+        100.0 * time.1 as f64 / time.0.max(1) as f64,
+        graph_ops.len()
+    );
+    assert!(time.1 * 100 >= time.0 * 95, "{time:?}");
 }
 
 /// Without step markers the iterations of the eager job are found from the period of its kernel
@@ -174,4 +199,67 @@ fn iterations_are_detected_without_markers() {
     let (_, its, _) = replay_with("h200-graphs.bin", false);
     eprintln!("graphs, detected: {} iterations", its.len());
     assert!((270..=300).contains(&its.len()), "{}", its.len());
+}
+
+/// NVML samples every 200 ms over the recorded job (synthetic values: the H200 run's NVML
+/// history was not recorded), aligned to the replayed iterations the way the agent does: every
+/// iteration is on device 0 and gets the sample that covers it, and one that straddles two
+/// samples gets their overlap-weighted mean.
+#[test]
+fn replayed_iterations_align_to_nvml_samples() {
+    let (_, its, _) = replay("h200-eager.bin");
+    const PERIOD: u64 = 200_000_000;
+    let first = its.first().expect("iterations").gpu_start_ns;
+    let last = its.last().expect("iterations").gpu_end_ns;
+    let util = |t: u64| ((t / PERIOD) % 100) as f64;
+    let mut history = GpuHistory::new(10_000);
+    let mut t = first - first % PERIOD;
+    while t < last + PERIOD {
+        history.push(GpuSnapshot {
+            taken_at_ns: t,
+            devices: vec![GpuSample {
+                index: 0,
+                gpu_util_percent: Some(util(t)),
+                ..Default::default()
+            }],
+        });
+        t += PERIOD;
+    }
+    let mut straddling = 0;
+    for i in &its {
+        assert_eq!(i.device, Some(0), "{i:?}");
+        let g = history
+            .align(0, i.gpu_start_ns, i.gpu_end_ns)
+            .unwrap_or_else(|| panic!("step {} not aligned", i.step));
+        let (a, b) = (i.gpu_start_ns, i.gpu_end_ns);
+        // Samples at k·PERIOD cover (k·PERIOD − PERIOD, k·PERIOD].
+        let (mut k, mut n, mut sum, mut weight) = (a.div_ceil(PERIOD) * PERIOD, 0, 0.0, 0.0);
+        loop {
+            let overlap = (k.min(b) - (k - PERIOD).max(a)).max(1) as f64;
+            sum += overlap * util(k);
+            weight += overlap;
+            n += 1;
+            if k >= b {
+                break;
+            }
+            k += PERIOD;
+        }
+        let got = g.gpu_util_percent.expect("util");
+        assert_eq!(g.samples, n, "step {}", i.step);
+        assert!(
+            (got - sum / weight).abs() < 1e-6,
+            "step {}: {got} vs {}",
+            i.step,
+            sum / weight
+        );
+        if n > 1 {
+            straddling += 1;
+        }
+    }
+    // 17 ms steps against 200 ms samples: about one step in twelve straddles a sample.
+    eprintln!(
+        "{} iterations, {straddling} straddle two samples",
+        its.len()
+    );
+    assert!(straddling > 5, "{straddling}");
 }

@@ -29,7 +29,7 @@ use crate::{
     sources::{
         cgroup::{self, CgroupMounts},
         ebpf::{EbpfError, EbpfSettings, Probes},
-        nvml::NvmlSampler,
+        nvml::{NvmlSampler, NvmlThread},
         procfs,
         shim::ShimSource,
     },
@@ -60,7 +60,7 @@ pub struct Collector {
     retention_ticks: u64,
     shim: Option<ShimSource>,
     shim_down: String,
-    nvml: Option<NvmlSampler>,
+    nvml: Option<NvmlThread>,
     nvml_down: String,
 }
 
@@ -111,22 +111,33 @@ impl Collector {
         };
         let (nvml, nvml_down) = if no_ebpf && !config.shim.enabled {
             (None, "off".to_owned())
+        } else if !config.gpu.nvml {
+            (None, "disabled in config (gpu.nvml = false)".to_owned())
         } else {
             match NvmlSampler::new() {
-                Ok(mut n) => {
+                Ok(n) => {
                     log::info!("{}", n.describe());
-                    if let Some(shim) = &shim {
-                        // Occupancy limits from the first GPU (nodes carry one GPU model).
-                        let cc = n
-                            .sample(monotonic_ns())
-                            .devices
-                            .first()
-                            .and_then(|d| d.compute_capability);
-                        shim.set_limits(
-                            cc.and_then(|c| SmLimits::for_capability(c.major, c.minor)),
-                        );
+                    match NvmlThread::start(n, Duration::from_millis(config.gpu.sample_ms)) {
+                        Ok(t) => {
+                            if let Some(shim) = &shim {
+                                // Occupancy limits from the first GPU (nodes carry one GPU
+                                // model).
+                                let cc = t.latest().and_then(|s| {
+                                    s.devices.first().and_then(|d| d.compute_capability)
+                                });
+                                shim.set_limits(
+                                    cc.and_then(|c| SmLimits::for_capability(c.major, c.minor)),
+                                );
+                                shim.set_gpu_history(t.history());
+                            }
+                            (Some(t), String::new())
+                        }
+                        Err(e) => {
+                            let reason = format!("cannot start the NVML sampling thread: {e}");
+                            log::warn!("{reason}");
+                            (None, reason)
+                        }
                     }
-                    (Some(n), String::new())
                 }
                 Err(e) => {
                     let reason = crate::error_chain(&e);
@@ -164,6 +175,17 @@ impl Collector {
     /// The CUPTI shims' source, when listening.
     pub fn shim(&self) -> Option<&ShimSource> {
         self.shim.as_ref()
+    }
+
+    /// Samples the GPUs once more, then drains every shim and completes its pending iterations
+    /// (the end of `observe`: the last iterations get a sample after their end).
+    pub fn finish_gpu(&self) {
+        if let Some(n) = &self.nvml {
+            n.sample_now();
+        }
+        if let Some(shim) = &self.shim {
+            shim.finish();
+        }
     }
 
     /// Whether the eBPF probes are loaded.
@@ -350,7 +372,7 @@ impl Collector {
             .as_ref()
             .map(ShimSource::snapshot)
             .unwrap_or_default();
-        let gpus = self.nvml.as_mut().map(|n| n.sample(now));
+        let gpus = self.nvml.as_ref().and_then(NvmlThread::latest);
         statuses.push(ProbeStatus {
             name: "nvml",
             up: self.nvml.is_some(),

@@ -73,6 +73,8 @@ pub struct Config {
     pub probes: ProbesConfig,
     /// `[shim]`.
     pub shim: ShimConfig,
+    /// `[gpu]`.
+    pub gpu: GpuConfig,
     /// `[roles]`.
     pub roles: RolesConfig,
 }
@@ -115,6 +117,28 @@ impl ShimConfig {
         let exe = std::env::current_exe().ok()?;
         let lib = exe.parent()?.join("libslo_probe_cupti.so");
         lib.exists().then_some(lib)
+    }
+}
+
+/// `[gpu]`: NVML sampling.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GpuConfig {
+    /// Sample NVML (and GPM) when a driver is there. Default true.
+    pub nvml: bool,
+    /// Sampling period in ms (100..=60000). Default [`DEFAULT_GPU_SAMPLE_MS`].
+    pub sample_ms: u64,
+}
+
+/// Default NVML sampling period, ms.
+pub const DEFAULT_GPU_SAMPLE_MS: u64 = 200;
+
+impl Default for GpuConfig {
+    fn default() -> Self {
+        Self {
+            nvml: true,
+            sample_ms: DEFAULT_GPU_SAMPLE_MS,
+        }
     }
 }
 
@@ -325,6 +349,13 @@ impl Config {
                 "agent.tick_ms",
                 &self.agent.tick_ms,
                 "must be 100..=60000 ms",
+            ));
+        }
+        if !(100..=60_000).contains(&self.gpu.sample_ms) {
+            return Err(invalid(
+                "gpu.sample_ms",
+                &self.gpu.sample_ms,
+                "must be 100..=60000 ms (GPM needs at least 100 ms between samples)",
             ));
         }
         let rq = &self.probes.runqueue;

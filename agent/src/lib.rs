@@ -8,6 +8,7 @@ pub mod config;
 pub mod exporters;
 pub mod observe;
 pub mod preflight;
+pub mod replay;
 pub mod sources;
 
 /// An error and its sources on one line: `outer: inner: innermost`.

@@ -17,8 +17,9 @@ use slo_probe::{
     exporters::prometheus::PrometheusServer,
     observe,
     preflight::Preflight,
+    replay,
 };
-use slo_probe_core::snapshot::Snapshot;
+use slo_probe_core::{occupancy::SmLimits, snapshot::Snapshot};
 use tokio::sync::watch;
 
 /// slo-probe: SLO monitoring and attribution for GPU training nodes.
@@ -78,6 +79,24 @@ enum Cmd {
         /// The command and its arguments (after `--`).
         #[arg(required = true, last = true)]
         command: Vec<String>,
+    },
+    /// Replay GPU recordings (the <pid>.bin files the agent writes to shim.record_dir, such as
+    /// tests/fixtures/gpu/*.bin, recorded on an H200) through the agent's decoding and iteration
+    /// assembly, and print the GPU report: no GPU needed.
+    Replay {
+        /// Recordings.
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+        /// Compute capability of the GPU they were recorded on (9.0 for H100 and H200), for
+        /// theoretical occupancy; without it occupancy is not computed.
+        #[arg(long, value_name = "MAJOR.MINOR")]
+        compute_capability: Option<String>,
+        /// Ignore the step markers and detect iterations from the kernel sequence.
+        #[arg(long)]
+        detect: bool,
+        /// Also write the replayed processes as JSON to this file.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
     },
     /// Check what this machine allows (privileges, kernel BTF, tracefs); exit 1 if the eBPF
     /// probes cannot load.
@@ -178,6 +197,43 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             if let Some(path) = json {
                 let text = serde_json::to_string_pretty(&observe::json(&obs, &command.join(" ")))
                     .context("cannot encode the observation")?;
+                std::fs::write(&path, text)
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Replay {
+            files,
+            compute_capability,
+            detect,
+            json,
+        } => {
+            let limits = match compute_capability.as_deref() {
+                None => None,
+                Some(cc) => {
+                    let parsed = cc
+                        .split_once('.')
+                        .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
+                    let (major, minor) = parsed.with_context(|| {
+                        format!("--compute-capability {cc}: expected MAJOR.MINOR, like 9.0")
+                    })?;
+                    Some(SmLimits::for_capability(major, minor).with_context(|| {
+                        format!("--compute-capability {cc}: not a GPU architecture slo-probe knows")
+                    })?)
+                }
+            };
+            let mut out = Vec::new();
+            for (i, f) in files.iter().enumerate() {
+                let r = replay::replay(f, limits, detect)?;
+                if i > 0 {
+                    println!();
+                }
+                print!("{}", replay::report(&r));
+                out.push(observe::shim_json(&r.process));
+            }
+            if let Some(path) = json {
+                let text = serde_json::to_string_pretty(&out)
+                    .context("cannot encode the replayed recordings")?;
                 std::fs::write(&path, text)
                     .with_context(|| format!("cannot write {}", path.display()))?;
             }

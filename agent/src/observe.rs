@@ -189,13 +189,11 @@ pub fn run(
     }
     // Read once more while the threads still exist (or just after they exited, so their final
     // entries are in), then stop the command if it is still running.
-    if let Some(shim) = collector.shim() {
+    if collector.shim().is_some() && exit.is_none() {
         // Give a shim that is still running one flush period to hand over its last records.
-        if exit.is_none() {
-            std::thread::sleep(Duration::from_millis(300));
-        }
-        shim.finish();
+        std::thread::sleep(Duration::from_millis(300));
     }
+    collector.finish_gpu();
     let snapshot = collector.tick();
     if let Some(t) = &snapshot.threads {
         pids.extend(t.processes.iter().map(|p| p.pid));
@@ -456,7 +454,7 @@ pub fn report(obs: &Observation, command: &str, top: usize) -> String {
             let pct = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}%"));
             let _ = writeln!(
                 out,
-                "GPU {} {} (NVML at the end): utilisation {}, memory {} of {}, SM clock {} MHz, \
+                "GPU {} {} (NVML, last sample): utilisation {}, memory {} of {}, SM clock {} MHz, \
                  power {} W; GPM: SM occupancy {}, DRAM bandwidth {}, tensor {}",
                 d.index,
                 d.name,
@@ -560,6 +558,12 @@ fn gpu_report(out: &mut String, p: &slo_probe_core::gputrace::ShimProcess) {
             ""
         },
     );
+    iterations_report(out, p);
+}
+
+/// The iterations of one process: wall time, GPU busy, kernels and graph launches, launch
+/// latency, what NVML saw, and the operators by GPU time.
+pub fn iterations_report(out: &mut String, p: &slo_probe_core::gputrace::ShimProcess) {
     if p.iterations.is_empty() {
         let _ = writeln!(out, "  no complete iteration");
         return;
@@ -567,8 +571,14 @@ fn gpu_report(out: &mut String, p: &slo_probe_core::gputrace::ShimProcess) {
     let mut walls: Vec<u64> = p.iterations.iter().map(|i| i.wall_ns()).collect();
     walls.sort_unstable();
     let q = |v: &[u64], q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
-    let busy: u64 = p.iterations.iter().map(|i| i.gpu_busy_ns).sum();
-    let wall: u64 = walls.iter().sum();
+    // Per iteration, then the median: warm-up iterations (compilation, autotuning) last seconds
+    // and would swamp a ratio of sums.
+    let mut busy: Vec<f64> = p
+        .iterations
+        .iter()
+        .map(|i| i.gpu_busy_ns as f64 / i.wall_ns().max(1) as f64)
+        .collect();
+    busy.sort_by(f64::total_cmp);
     let mut lat: Vec<u64> = p
         .iterations
         .iter()
@@ -577,7 +587,7 @@ fn gpu_report(out: &mut String, p: &slo_probe_core::gputrace::ShimProcess) {
     lat.sort_unstable();
     let _ = writeln!(
         out,
-        "  {} iterations ({}): wall p50 {}, p99 {}; GPU busy {:.1}%; {:.1} kernels and {:.1} graph \
+        "  {} iterations ({}): wall p50 {}, p99 {}; GPU busy p50 {:.1}%; {:.1} kernels and {:.1} graph \
          launches per iteration; launch latency p50 {}, p99 {}; GPU idle before the first kernel \
          {} on average",
         p.iterations.len(),
@@ -588,7 +598,7 @@ fn gpu_report(out: &mut String, p: &slo_probe_core::gputrace::ShimProcess) {
         },
         human_ns(q(&walls, 0.5) as f64),
         human_ns(q(&walls, 0.99) as f64),
-        100.0 * busy as f64 / wall.max(1) as f64,
+        100.0 * busy[busy.len() / 2],
         p.iterations.iter().map(|i| f64::from(i.kernels)).sum::<f64>() / p.iterations.len() as f64,
         p.iterations
             .iter()
@@ -613,25 +623,166 @@ fn gpu_report(out: &mut String, p: &slo_probe_core::gputrace::ShimProcess) {
                 / p.iterations.len() as f64
         ),
     );
-    let mut ops: std::collections::BTreeMap<&str, (u64, u32)> = Default::default();
+    nvml_during_iterations(out, &p.iterations);
+    // (GPU ns, kernels, occupancy × ns, ns with an occupancy)
+    let mut ops: std::collections::BTreeMap<&str, (u64, u32, f64, u64)> = Default::default();
     for i in &p.iterations {
         for o in &i.ops {
             let e = ops.entry(o.op.as_str()).or_default();
             e.0 += o.gpu_ns;
             e.1 += o.kernels;
+            if let Some(occ) = o.occupancy {
+                e.2 += occ * o.gpu_ns as f64;
+                e.3 += o.gpu_ns;
+            }
         }
     }
     let mut ops: Vec<_> = ops.into_iter().collect();
     ops.sort_by_key(|o| std::cmp::Reverse(o.1 .0));
     let total: u64 = ops.iter().map(|o| o.1 .0).sum();
     let _ = writeln!(out, "  operators by GPU time:");
-    for (op, (ns, k)) in ops.iter().take(8) {
+    for (op, (ns, k, occ_w, occ_ns)) in ops.iter().take(8) {
+        let occ = if *occ_ns > 0 {
+            format!(
+                ", theoretical occupancy {:.0}%",
+                100.0 * occ_w / *occ_ns as f64
+            )
+        } else {
+            String::new()
+        };
+        let runs = op
+            .strip_prefix("graph#")
+            .and_then(|id| id.parse::<u32>().ok())
+            .and_then(|id| p.graph_ops.get(&id))
+            .map(|ops| {
+                let list: Vec<String> = ops
+                    .iter()
+                    .take(4)
+                    .map(|(o, share)| format!("{o} {:.0}%", 100.0 * share))
+                    .collect();
+                format!(
+                    " = {}{}",
+                    list.join(", "),
+                    if ops.len() > 4 { ", …" } else { "" }
+                )
+            })
+            .unwrap_or_default();
         let _ = writeln!(
             out,
-            "    {:>5.1}%  {op} ({k} kernels)",
-            100.0 * *ns as f64 / total.max(1) as f64
+            "    {:>5.1}%  {op} ({k} {}{occ}){runs}",
+            100.0 * *ns as f64 / total.max(1) as f64,
+            if op.starts_with("graph#") {
+                "launches"
+            } else {
+                "kernels"
+            }
         );
     }
+}
+
+/// What NVML saw while the iterations ran: means over the iterations that have samples (each
+/// weighs by its wall time), the lowest SM clock among them.
+fn nvml_during_iterations(out: &mut String, iterations: &[slo_probe_core::gputrace::Iteration]) {
+    let aligned: Vec<_> = iterations
+        .iter()
+        .filter_map(|i| i.gpu.as_ref().map(|g| (i.wall_ns().max(1) as f64, g)))
+        .collect();
+    if aligned.is_empty() {
+        // No NVML (no driver, or a replayed recording): nothing to say.
+        return;
+    }
+    let mean = |f: &dyn Fn(&slo_probe_core::gpu::IterationGpu) -> Option<f64>| {
+        let (s, w) = aligned
+            .iter()
+            .filter_map(|(w, g)| f(g).map(|v| (v * w, *w)))
+            .fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+        (w > 0.0).then(|| s / w)
+    };
+    let pct = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}%"));
+    let min_clock = aligned
+        .iter()
+        .filter_map(|(_, g)| g.sm_clock_mhz)
+        .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.min(v))));
+    let _ = writeln!(
+        out,
+        "  NVML during iterations ({} of {} with samples, GPU {}): utilisation {}, SM clock {} MHz \
+         (lowest {}), power {} W; GPM: SM occupancy {}, SM active {}, DRAM bandwidth {}, tensor {}",
+        aligned.len(),
+        iterations.len(),
+        aligned[0].1.index,
+        pct(mean(&|g| g.gpu_util_percent)),
+        mean(&|g| g.sm_clock_mhz).map_or("-".into(), |v| format!("{v:.0}")),
+        min_clock.map_or("-".into(), |v| format!("{v:.0}")),
+        mean(&|g| g.power_watts).map_or("-".into(), |v| format!("{v:.0}")),
+        pct(mean(&|g| g.sm_occupancy_percent)),
+        pct(mean(&|g| g.sm_util_percent)),
+        pct(mean(&|g| g.dram_bw_util_percent)),
+        pct(mean(&|g| g.tensor_util_percent)),
+    );
+}
+
+/// One process's shim counters and iterations as JSON.
+pub fn shim_json(p: &slo_probe_core::gputrace::ShimProcess) -> serde_json::Value {
+    use serde_json::json;
+    json!({
+        "pid": p.pid,
+        "connected": p.connected,
+        "status": p.status,
+        "cupti_version": p.cupti_version,
+        "records": p.records,
+        "dropped": p.dropped,
+        "cupti_dropped": p.cupti_dropped,
+        "corrupt_bytes": p.corrupt_bytes,
+        "decode_failed": p.decode_failed,
+        "late": p.late,
+        "seen": {
+            "kernels": p.seen[0], "graphs": p.seen[1], "memory": p.seen[2],
+            "graph_nodes": p.seen[3], "strings": p.seen[4], "steps": p.seen[5],
+        },
+        "graph_ops": p.graph_ops.iter().map(|(g, ops)| (g.to_string(), json!(ops)))
+            .collect::<serde_json::Map<_, _>>(),
+        "iterations": p.iterations.iter().map(|i| json!({
+            "step": i.step,
+            "marked": i.marked,
+            "start_ns": i.start_ns,
+            "end_ns": i.end_ns,
+            "wall_ns": i.wall_ns(),
+            "gpu_busy_ns": i.gpu_busy_ns,
+            "gpu_span_ns": i.gpu_span_ns(),
+            "kernels": i.kernels,
+            "graph_launches": i.graph_launches,
+            "memory_ops": i.memory_ops,
+            "idle_before_first_ns": i.idle_before_first_ns,
+            "occupancy": i.occupancy,
+            "launch_latency_p50_ns": i.launch_latency_ns(0.5),
+            "launch_latency_p99_ns": i.launch_latency_ns(0.99),
+            "ops": i.ops.iter().take(20).map(|o| json!({
+                "op": o.op, "gpu_ns": o.gpu_ns, "kernels": o.kernels,
+                "occupancy": o.occupancy,
+            })).collect::<Vec<_>>(),
+            "device": i.device,
+            "gpu": i.gpu.as_ref().map(iteration_gpu_json),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn iteration_gpu_json(g: &slo_probe_core::gpu::IterationGpu) -> serde_json::Value {
+    serde_json::json!({
+        "nvml_index": g.index,
+        "samples": g.samples,
+        "covered_ns": g.covered_ns,
+        "gpu_util_percent": g.gpu_util_percent,
+        "sm_clock_mhz": g.sm_clock_mhz,
+        "memory_clock_mhz": g.memory_clock_mhz,
+        "power_watts": g.power_watts,
+        "memory_used_bytes": g.memory_used_bytes,
+        "sm_occupancy_percent": g.sm_occupancy_percent,
+        "sm_util_percent": g.sm_util_percent,
+        "dram_bw_util_percent": g.dram_bw_util_percent,
+        "tensor_util_percent": g.tensor_util_percent,
+        "pcie_bytes_per_sec": g.pcie_bytes_per_sec,
+        "nvlink_bytes_per_sec": g.nvlink_bytes_per_sec,
+    })
 }
 
 /// The observation as JSON (for scripts): per process of the job, the shim's counters and every
@@ -643,44 +794,7 @@ pub fn json(obs: &Observation, command: &str) -> serde_json::Value {
         .shims
         .iter()
         .filter(|p| obs.pids.contains(&p.pid))
-        .map(|p| {
-            json!({
-                "pid": p.pid,
-                "connected": p.connected,
-                "status": p.status,
-                "cupti_version": p.cupti_version,
-                "records": p.records,
-                "dropped": p.dropped,
-                "cupti_dropped": p.cupti_dropped,
-                "corrupt_bytes": p.corrupt_bytes,
-                "decode_failed": p.decode_failed,
-                "late": p.late,
-                "seen": {
-                    "kernels": p.seen[0], "graphs": p.seen[1], "memory": p.seen[2],
-                    "graph_nodes": p.seen[3], "strings": p.seen[4], "steps": p.seen[5],
-                },
-                "iterations": p.iterations.iter().map(|i| json!({
-                    "step": i.step,
-                    "marked": i.marked,
-                    "start_ns": i.start_ns,
-                    "end_ns": i.end_ns,
-                    "wall_ns": i.wall_ns(),
-                    "gpu_busy_ns": i.gpu_busy_ns,
-                    "gpu_span_ns": i.gpu_span_ns(),
-                    "kernels": i.kernels,
-                    "graph_launches": i.graph_launches,
-                    "memory_ops": i.memory_ops,
-                    "idle_before_first_ns": i.idle_before_first_ns,
-                    "occupancy": i.occupancy,
-                    "launch_latency_p50_ns": i.launch_latency_ns(0.5),
-                    "launch_latency_p99_ns": i.launch_latency_ns(0.99),
-                    "ops": i.ops.iter().take(20).map(|o| json!({
-                        "op": o.op, "gpu_ns": o.gpu_ns, "kernels": o.kernels,
-                        "occupancy": o.occupancy,
-                    })).collect::<Vec<_>>(),
-                })).collect::<Vec<_>>(),
-            })
-        })
+        .map(shim_json)
         .collect();
     let roles: serde_json::Map<String, serde_json::Value> = s
         .threads

@@ -7,7 +7,7 @@
 //! ([`GpmMetrics`]) need a Hopper or newer GPU and two samples, so they are `None` on the first
 //! tick and on older GPUs.
 
-use std::fmt;
+use std::{collections::VecDeque, fmt};
 
 /// CUDA compute capability of a device (`9.0` for Hopper).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -133,6 +133,195 @@ pub struct GpuSnapshot {
     pub taken_at_ns: u64,
 }
 
+/// What NVML saw on one GPU while one iteration ran: each metric is the mean of the samples
+/// whose intervals (previous sample, sample] overlap the iteration's GPU span, weighted by the
+/// overlap. NVML is coarse next to an iteration: the driver's own utilisation counters cover its
+/// last sample period (1/6 s to 1 s) and GPM averages between two of our samples, so an
+/// iteration shorter than the sampling period shares its values with its neighbours.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct IterationGpu {
+    /// NVML device index.
+    pub index: u32,
+    /// Samples that overlapped it.
+    pub samples: u32,
+    /// From the start of the first overlapping interval to the end of the last, ns: what the
+    /// values average over.
+    pub covered_ns: u64,
+    /// GPU utilisation, %.
+    pub gpu_util_percent: Option<f64>,
+    /// SM clock, MHz (a drop is throttling: power, thermal, or an application clock).
+    pub sm_clock_mhz: Option<f64>,
+    /// Memory clock, MHz.
+    pub memory_clock_mhz: Option<f64>,
+    /// Power draw, W.
+    pub power_watts: Option<f64>,
+    /// Device memory in use at the end, bytes.
+    pub memory_used_bytes: Option<u64>,
+    /// GPM SM occupancy (resident warps over the maximum), %.
+    pub sm_occupancy_percent: Option<f64>,
+    /// GPM SM activity (an SM had a warp), %.
+    pub sm_util_percent: Option<f64>,
+    /// GPM DRAM bandwidth, % of peak.
+    pub dram_bw_util_percent: Option<f64>,
+    /// GPM any tensor-core activity, %.
+    pub tensor_util_percent: Option<f64>,
+    /// PCIe bytes per second, both directions.
+    pub pcie_bytes_per_sec: Option<f64>,
+    /// NVLink bytes per second, both directions.
+    pub nvlink_bytes_per_sec: Option<f64>,
+}
+
+/// Recent NVML snapshots, oldest first, bounded; iterations are aligned against them.
+#[derive(Clone, Debug)]
+pub struct GpuHistory {
+    snapshots: VecDeque<GpuSnapshot>,
+    capacity: usize,
+}
+
+/// A weighted mean of optional values.
+#[derive(Clone, Copy, Default)]
+struct Mean {
+    sum: f64,
+    weight: f64,
+}
+
+impl Mean {
+    fn add(&mut self, v: Option<f64>, w: f64) {
+        if let Some(v) = v.filter(|v| v.is_finite()) {
+            self.sum += v * w;
+            self.weight += w;
+        }
+    }
+
+    fn get(self) -> Option<f64> {
+        (self.weight > 0.0).then(|| self.sum / self.weight)
+    }
+}
+
+fn sum2(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (None, None) => None,
+        (a, b) => Some(a.unwrap_or(0.0) + b.unwrap_or(0.0)),
+    }
+}
+
+impl GpuHistory {
+    /// Keeps at most `capacity` snapshots (at least 2).
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            snapshots: VecDeque::new(),
+            capacity: capacity.max(2),
+        }
+    }
+
+    /// Adds a snapshot; one not later than the last is ignored (the clock is monotonic).
+    pub fn push(&mut self, snap: GpuSnapshot) {
+        if self
+            .snapshots
+            .back()
+            .is_some_and(|l| l.taken_at_ns >= snap.taken_at_ns)
+        {
+            return;
+        }
+        if self.snapshots.len() == self.capacity {
+            self.snapshots.pop_front();
+        }
+        self.snapshots.push_back(snap);
+    }
+
+    /// The newest snapshot.
+    pub fn latest(&self) -> Option<&GpuSnapshot> {
+        self.snapshots.back()
+    }
+
+    /// Snapshots held.
+    pub fn len(&self) -> usize {
+        self.snapshots.len()
+    }
+
+    /// Whether none is held.
+    pub fn is_empty(&self) -> bool {
+        self.snapshots.is_empty()
+    }
+
+    /// The NVML index of CUDA device `ordinal`: the only GPU when there is one, else the GPU
+    /// with that index (CUDA's order equals NVML's with `CUDA_DEVICE_ORDER=PCI_BUS_ID`, and on
+    /// nodes of identical GPUs in practice).
+    fn nvml_index(&self, ordinal: u32) -> Option<u32> {
+        let devs = &self.snapshots.back()?.devices;
+        match devs.as_slice() {
+            [only] => Some(only.index),
+            _ => devs.iter().find(|d| d.index == ordinal).map(|d| d.index),
+        }
+    }
+
+    /// What NVML saw on CUDA device `ordinal` from `start_ns` to `end_ns`; `None` until a
+    /// snapshot at or after `end_ns` exists, and when NVML does not list the device.
+    pub fn align(&self, ordinal: u32, start_ns: u64, end_ns: u64) -> Option<IterationGpu> {
+        let index = self.nvml_index(ordinal)?;
+        if self.latest()?.taken_at_ns < end_ns {
+            return None;
+        }
+        // The first snapshot whose interval reaches `start_ns`, then on to the one covering
+        // `end_ns` (the history's oldest snapshot has no known interval: it weighs as an instant).
+        let first = self.snapshots.partition_point(|s| s.taken_at_ns < start_ns);
+        let mut out = IterationGpu {
+            index,
+            ..Default::default()
+        };
+        let mut m = [Mean::default(); 10];
+        let mut covered = (u64::MAX, 0u64);
+        for i in first..self.snapshots.len() {
+            let s = &self.snapshots[i];
+            let from = if i == 0 {
+                s.taken_at_ns
+            } else {
+                self.snapshots[i - 1].taken_at_ns
+            };
+            let Some(d) = s.devices.iter().find(|d| d.index == index) else {
+                continue;
+            };
+            // Overlap of (from, taken_at] with [start, end]; an instant counts as 1 ns.
+            let overlap = s.taken_at_ns.min(end_ns).saturating_sub(from.max(start_ns));
+            let w = overlap.max(1) as f64;
+            covered = (covered.0.min(from), covered.1.max(s.taken_at_ns));
+            out.samples += 1;
+            m[0].add(d.gpu_util_percent, w);
+            m[1].add(d.sm_clock_mhz.map(f64::from), w);
+            m[2].add(d.memory_clock_mhz.map(f64::from), w);
+            m[3].add(d.power_watts, w);
+            m[4].add(d.gpm.sm_occupancy_percent, w);
+            m[5].add(d.gpm.sm_util_percent, w);
+            m[6].add(d.gpm.dram_bw_util_percent, w);
+            m[7].add(d.gpm.any_tensor_util_percent, w);
+            m[8].add(sum2(d.pcie_tx_bytes_per_sec, d.pcie_rx_bytes_per_sec), w);
+            m[9].add(
+                sum2(d.nvlink_tx_bytes_per_sec, d.nvlink_rx_bytes_per_sec),
+                w,
+            );
+            out.memory_used_bytes = d.memory_used_bytes.or(out.memory_used_bytes);
+            if s.taken_at_ns >= end_ns {
+                break;
+            }
+        }
+        if out.samples == 0 {
+            return None;
+        }
+        out.covered_ns = covered.1.saturating_sub(covered.0);
+        out.gpu_util_percent = m[0].get();
+        out.sm_clock_mhz = m[1].get();
+        out.memory_clock_mhz = m[2].get();
+        out.power_watts = m[3].get();
+        out.sm_occupancy_percent = m[4].get();
+        out.sm_util_percent = m[5].get();
+        out.dram_bw_util_percent = m[6].get();
+        out.tensor_util_percent = m[7].get();
+        out.pcie_bytes_per_sec = m[8].get();
+        out.nvlink_bytes_per_sec = m[9].get();
+        Some(out)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,5 +349,103 @@ mod tests {
             ..Default::default()
         };
         assert!(!m.is_empty());
+    }
+
+    const MS: u64 = 1_000_000;
+
+    /// Snapshots every 100 ms from t = 100 ms, GPU 0 at 10, 20, 30 … % utilisation and GPU 1
+    /// at ten times its SM clock.
+    fn history(n: u64, devices: u32) -> GpuHistory {
+        let mut h = GpuHistory::new(64);
+        for k in 1..=n {
+            h.push(GpuSnapshot {
+                taken_at_ns: k * 100 * MS,
+                devices: (0..devices)
+                    .map(|index| GpuSample {
+                        index,
+                        gpu_util_percent: Some((k * 10) as f64),
+                        sm_clock_mhz: Some(1000 * (index + 1) + k as u32),
+                        memory_used_bytes: Some(k),
+                        gpm: GpmMetrics {
+                            sm_occupancy_percent: (k > 1).then_some(k as f64),
+                            ..Default::default()
+                        },
+                        ..Default::default()
+                    })
+                    .collect(),
+            });
+        }
+        h
+    }
+
+    #[test]
+    fn an_iteration_inside_one_interval_takes_that_sample() {
+        let h = history(5, 1);
+        let g = h.align(0, 150 * MS, 160 * MS).expect("covered");
+        assert_eq!(g.samples, 1);
+        assert_eq!(g.gpu_util_percent, Some(20.0));
+        assert_eq!(g.sm_clock_mhz, Some(1002.0));
+        assert_eq!(g.sm_occupancy_percent, Some(2.0));
+        assert_eq!(g.memory_used_bytes, Some(2));
+        assert_eq!(g.covered_ns, 100 * MS);
+        assert_eq!(g.power_watts, None);
+        // Ending exactly on a sample: that sample covers it.
+        let g = h.align(0, 110 * MS, 200 * MS).expect("covered");
+        assert_eq!((g.samples, g.gpu_util_percent), (1, Some(20.0)));
+    }
+
+    #[test]
+    fn an_iteration_across_intervals_weighs_them_by_overlap() {
+        let h = history(5, 1);
+        // 50 ms in (100, 200] at 20 %, 100 ms in (200, 300] at 30 %, 10 ms in (300, 400] at 40 %.
+        let g = h.align(0, 150 * MS, 310 * MS).expect("covered");
+        assert_eq!(g.samples, 3);
+        let want = (50.0 * 20.0 + 100.0 * 30.0 + 10.0 * 40.0) / 160.0;
+        assert!((g.gpu_util_percent.unwrap() - want).abs() < 1e-9, "{g:?}");
+        assert_eq!(g.memory_used_bytes, Some(4), "the last sample's memory");
+        assert_eq!(g.covered_ns, 300 * MS);
+    }
+
+    #[test]
+    fn not_aligned_before_a_later_sample_exists() {
+        let h = history(5, 1);
+        assert!(h.align(0, 480 * MS, 501 * MS).is_none());
+        assert!(h.align(0, 480 * MS, 500 * MS).is_some());
+        assert!(GpuHistory::new(4).align(0, 0, 1).is_none());
+    }
+
+    #[test]
+    fn devices_map_by_index_unless_there_is_one() {
+        let one = history(3, 1);
+        // A single GPU takes every ordinal (CUDA_VISIBLE_DEVICES renumbers from 0).
+        assert_eq!(one.align(3, 150 * MS, 160 * MS).map(|g| g.index), Some(0));
+        let two = history(3, 2);
+        let g = two.align(1, 150 * MS, 160 * MS).expect("gpu 1");
+        assert_eq!((g.index, g.sm_clock_mhz), (1, Some(2002.0)));
+        assert!(two.align(2, 150 * MS, 160 * MS).is_none());
+    }
+
+    #[test]
+    fn the_history_is_bounded_and_monotonic() {
+        let mut h = history(3, 1);
+        let before = h.len();
+        h.push(GpuSnapshot {
+            taken_at_ns: 250 * MS,
+            devices: Vec::new(),
+        });
+        assert_eq!(h.len(), before, "an older snapshot is ignored");
+        let mut small = GpuHistory::new(2);
+        for k in 1..=5 {
+            small.push(GpuSnapshot {
+                taken_at_ns: k,
+                devices: Vec::new(),
+            });
+        }
+        assert_eq!(small.len(), 2);
+        assert_eq!(small.latest().map(|s| s.taken_at_ns), Some(5));
+        // Older than the history: only the part it still covers.
+        let h = history(5, 1);
+        let g = h.align(0, 0, 150 * MS).expect("partly covered");
+        assert_eq!(g.samples, 2);
     }
 }

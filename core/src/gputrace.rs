@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::occupancy::SmLimits;
+use crate::{gpu::IterationGpu, occupancy::SmLimits};
 use slo_probe_common::{
     gpu::{STEP_BEGIN, STEP_END, STRING_KERNEL, STRING_OP},
     AnyRecord, GpuGraphRecord, GpuKernelRecord, GpuMemRecord,
@@ -51,6 +51,8 @@ pub struct Activity {
     pub stream_id: u32,
     /// Theoretical occupancy of a kernel (0..=1), when the GPU's limits are known.
     pub occupancy: Option<f32>,
+    /// CUDA device ordinal.
+    pub device: u32,
 }
 
 impl Activity {
@@ -69,6 +71,7 @@ impl Activity {
             graph_id: k.graph_id,
             stream_id: k.stream_id,
             occupancy: None,
+            device: k.device_id,
         }
     }
 
@@ -83,6 +86,7 @@ impl Activity {
             graph_id: g.graph_id,
             stream_id: g.stream_id,
             occupancy: None,
+            device: g.device_id,
         }
     }
 
@@ -97,6 +101,7 @@ impl Activity {
             graph_id: m.graph_id,
             stream_id: m.stream_id,
             occupancy: None,
+            device: m.device_id,
         }
     }
 
@@ -164,6 +169,11 @@ pub struct Iteration {
     pub ops: Vec<OpTime>,
     /// GPU-time-weighted mean theoretical occupancy of its kernels, when known.
     pub occupancy: Option<f64>,
+    /// CUDA device ordinal of its activities (the one with the most GPU time), when it has any.
+    pub device: Option<u32>,
+    /// What NVML saw on that GPU while it ran (filled in by the agent once a sample after its
+    /// end exists; `None` without NVML).
+    pub gpu: Option<IterationGpu>,
 }
 
 impl Iteration {
@@ -229,6 +239,9 @@ pub struct ShimProcess {
     pub iterations: Vec<Iteration>,
     /// Iterations completed since the shim registered.
     pub iterations_total: u64,
+    /// What each CUDA graph runs (operators by share of its GPU time), for the graphs that
+    /// node-level tracing has seen; graph-level records are labelled `graph#<id>`.
+    pub graph_ops: BTreeMap<u32, Vec<(String, f64)>>,
 }
 
 /// A short readable label for a kernel name: Inductor's fused operators; else the demangled C++
@@ -297,6 +310,9 @@ fn itanium_nested_name(name: &str) -> Option<String> {
     last
 }
 
+/// Operators kept per graph by [`TraceAssembler::graph_ops`].
+pub const GRAPH_OPS: usize = 8;
+
 /// Folds records into iterations.
 #[derive(Default)]
 pub struct TraceAssembler {
@@ -308,6 +324,10 @@ pub struct TraceAssembler {
     marked: bool,
     next_detected: u64,
     graph_counts: HashMap<u32, u64>,
+    /// GPU time of node-level kernels by graph, then by (operator id, kernel name id).
+    graph_contents: HashMap<u32, HashMap<(u32, u32), u64>>,
+    /// Whether `graph_contents` grew since [`TraceAssembler::graph_ops`] was last asked.
+    graph_contents_changed: bool,
     /// Records seen, by kind: kernels, graphs, memory, nodes, strings, steps.
     pub seen: [u64; 6],
     /// Activities that belonged to no iteration (between steps, or too late for theirs).
@@ -352,6 +372,43 @@ impl TraceAssembler {
         }
     }
 
+    /// What each CUDA graph runs, from its node-level kernels (diagnostic mode): operators by
+    /// share of the graph's GPU time, largest first, at most [`GRAPH_OPS`] per graph. `None`
+    /// when nothing changed since the last call.
+    pub fn graph_ops(&mut self) -> Option<BTreeMap<u32, Vec<(String, f64)>>> {
+        if !std::mem::take(&mut self.graph_contents_changed) {
+            return None;
+        }
+        let mut out = BTreeMap::new();
+        for (&graph, contents) in &self.graph_contents {
+            let mut by_label: HashMap<String, u64> = HashMap::new();
+            for (&(op_id, name_id), &ns) in contents {
+                let a = Activity {
+                    kind: ActivityKind::GraphKernel,
+                    start_ns: 0,
+                    end_ns: 0,
+                    launch_ns: 0,
+                    name_id,
+                    op_id,
+                    graph_id: graph,
+                    stream_id: 0,
+                    occupancy: None,
+                    device: 0,
+                };
+                *by_label.entry(self.op_label(&a)).or_default() += ns;
+            }
+            let total = by_label.values().sum::<u64>().max(1) as f64;
+            let mut ops: Vec<(String, f64)> = by_label
+                .into_iter()
+                .map(|(l, ns)| (l, ns as f64 / total))
+                .collect();
+            ops.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            ops.truncate(GRAPH_OPS);
+            out.insert(graph, ops);
+        }
+        Some(out)
+    }
+
     /// Takes one decoded record.
     pub fn push(&mut self, r: &AnyRecord<'_>) {
         let a = match r {
@@ -365,6 +422,15 @@ impl TraceAssembler {
                 });
                 if a.op_id == 0 && k.graph_node_id != 0 {
                     a.op_id = self.node_ops.get(&k.graph_node_id).copied().unwrap_or(0);
+                }
+                if k.graph_id != 0 {
+                    *self
+                        .graph_contents
+                        .entry(k.graph_id)
+                        .or_default()
+                        .entry((a.op_id, a.name_id))
+                        .or_default() += a.duration_ns();
+                    self.graph_contents_changed = true;
                 }
                 a
             }
@@ -389,6 +455,7 @@ impl TraceAssembler {
                 graph_id: 0,
                 stream_id: e.stream_id,
                 occupancy: None,
+                device: e.device_id,
             },
             AnyRecord::GraphNode(n) => {
                 self.seen[3] += 1;
@@ -619,8 +686,22 @@ impl TraceAssembler {
             launch_latencies_ns: lat,
             ops,
             occupancy: mean(w_all, n_all),
+            device: main_device(acts),
+            gpu: None,
         }
     }
+}
+
+/// The device with the most GPU time among `acts`.
+fn main_device(acts: &[Activity]) -> Option<u32> {
+    let mut by_dev: BTreeMap<u32, u64> = BTreeMap::new();
+    for a in acts {
+        *by_dev.entry(a.device).or_default() += a.duration_ns();
+    }
+    by_dev
+        .into_iter()
+        .max_by_key(|&(d, ns)| (ns, std::cmp::Reverse(d)))
+        .map(|(d, _)| d)
 }
 
 /// Kernels looked at to find the period of a job's kernel sequence (bounds the cost).

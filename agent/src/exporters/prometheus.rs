@@ -592,7 +592,7 @@ fn render_shims(out: &mut String, snapshot: &Snapshot) {
         out,
         "slo_probe_iteration_gpu_busy_ratio",
         "gauge",
-        "Share of iteration wall time with the GPU busy, over the recent window.",
+        "Share of an iteration's wall time with the GPU busy: the median over the recent window.",
     );
     header(
         out,
@@ -626,13 +626,19 @@ fn render_shims(out: &mut String, snapshot: &Snapshot) {
                 );
             }
         }
-        let busy: u64 = p.iterations.iter().map(|i| i.gpu_busy_ns).sum();
-        let wall: u64 = walls.iter().sum();
+        // A median of per-iteration ratios: warm-up iterations (compilation) last seconds and
+        // would swamp a ratio of sums.
+        let mut busy: Vec<f64> = p
+            .iterations
+            .iter()
+            .map(|i| i.gpu_busy_ns as f64 / i.wall_ns().max(1) as f64)
+            .collect();
+        busy.sort_by(f64::total_cmp);
         let _ = writeln!(
             out,
             "slo_probe_iteration_gpu_busy_ratio{{pid=\"{}\"}} {}",
             p.pid,
-            busy as f64 / wall.max(1) as f64
+            busy[busy.len() / 2]
         );
     }
 }

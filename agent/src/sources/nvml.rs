@@ -17,7 +17,14 @@
 //! `nvmlDeviceGetPcieThroughput` is not used: it samples for 20 ms per call, which would hold
 //! the tick 40 ms per GPU.
 
-use std::sync::OnceLock;
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex, OnceLock,
+    },
+    thread,
+    time::Duration,
+};
 
 use nvml_wrapper::{
     enum_wrappers::device::Clock,
@@ -29,7 +36,7 @@ use nvml_wrapper::{
     sys_exports::field_id::{NVML_FI_DEV_PCIE_COUNT_RX_BYTES, NVML_FI_DEV_PCIE_COUNT_TX_BYTES},
     Device, GpmSample, Nvml,
 };
-use slo_probe_core::gpu::{ComputeCapability, GpmMetrics, GpuSample, GpuSnapshot};
+use slo_probe_core::gpu::{ComputeCapability, GpmMetrics, GpuHistory, GpuSample, GpuSnapshot};
 
 /// Shortest interval between two GPM samples that NVML computes metrics over.
 pub const GPM_MIN_INTERVAL_NS: u64 = 100_000_000;
@@ -650,6 +657,72 @@ impl NvmlSampler {
             taken_at_ns: now_ns,
         }
     }
+}
+
+/// Snapshots kept for aligning iterations: 20 minutes at the default period, enough for the
+/// shim source's window of recent iterations unless they are slower than about 2 s each.
+pub const HISTORY_SNAPSHOTS: usize = 6000;
+
+/// Samples NVML on its own thread, every `period`, into a [`GpuHistory`] that the agent aligns
+/// iterations against (finer than the agent's tick: an iteration lasts milliseconds to seconds).
+pub struct NvmlThread {
+    sampler: Arc<Mutex<NvmlSampler>>,
+    history: Arc<Mutex<GpuHistory>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl NvmlThread {
+    /// Starts sampling every `period` (GPM needs at least [`GPM_MIN_INTERVAL_NS`]).
+    pub fn start(sampler: NvmlSampler, period: Duration) -> std::io::Result<Self> {
+        let sampler = Arc::new(Mutex::new(sampler));
+        let history = Arc::new(Mutex::new(GpuHistory::new(HISTORY_SNAPSHOTS)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let t = Self {
+            sampler,
+            history,
+            stop,
+        };
+        t.sample_now();
+        let (sampler, history, stop) = (t.sampler.clone(), t.history.clone(), t.stop.clone());
+        thread::Builder::new()
+            .name("slo-nvml".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    thread::sleep(period);
+                    sample_into(&sampler, &history);
+                }
+            })?;
+        Ok(t)
+    }
+
+    /// Samples now (besides the period), returns the snapshot and keeps it.
+    pub fn sample_now(&self) -> Option<GpuSnapshot> {
+        sample_into(&self.sampler, &self.history)
+    }
+
+    /// The newest snapshot.
+    pub fn latest(&self) -> Option<GpuSnapshot> {
+        self.history.lock().ok()?.latest().cloned()
+    }
+
+    /// The history, shared with whoever aligns iterations.
+    pub fn history(&self) -> Arc<Mutex<GpuHistory>> {
+        self.history.clone()
+    }
+}
+
+impl Drop for NvmlThread {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn sample_into(sampler: &Mutex<NvmlSampler>, history: &Mutex<GpuHistory>) -> Option<GpuSnapshot> {
+    // One sampler at a time, so snapshots enter the history in clock order.
+    let mut s = sampler.lock().ok()?;
+    let snap = s.sample(crate::collector::monotonic_ns());
+    history.lock().ok()?.push(snap.clone());
+    Some(snap)
 }
 
 #[cfg(test)]

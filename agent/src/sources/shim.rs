@@ -32,7 +32,8 @@ use slo_probe_common::{
     ring::{Ring, ShimHello, RING_HEADER_LEN},
 };
 use slo_probe_core::{
-    gputrace::{ShimProcess, TraceAssembler},
+    gpu::GpuHistory,
+    gputrace::{Iteration, ShimProcess, TraceAssembler},
     occupancy::SmLimits,
 };
 
@@ -92,6 +93,8 @@ struct State {
     procs: BTreeMap<u32, (ShimProcess, TraceAssembler)>,
     recorder: Option<PathBuf>,
     limits: Option<SmLimits>,
+    /// NVML's recent samples, when the agent has NVML.
+    gpu_history: Option<Arc<Mutex<GpuHistory>>>,
 }
 
 /// The listener, the consumer thread, and what they collected.
@@ -136,6 +139,7 @@ impl ShimSource {
             procs: BTreeMap::new(),
             recorder: record_dir,
             limits: None,
+            gpu_history: None,
         }));
         let stop = Arc::new(AtomicBool::new(false));
         {
@@ -206,6 +210,13 @@ impl ShimSource {
         }
     }
 
+    /// NVML's samples: each completed iteration gets what NVML saw on its GPU while it ran.
+    pub fn set_gpu_history(&self, history: Arc<Mutex<GpuHistory>>) {
+        if let Ok(mut s) = self.state.lock() {
+            s.gpu_history = Some(history);
+        }
+    }
+
     /// Decode failures, for the agent's error counter.
     pub fn decode_failed(&self) -> u64 {
         self.snapshot().iter().map(|p| p.decode_failed).sum()
@@ -216,6 +227,16 @@ impl Drop for ShimSource {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Gives iterations that have none yet what NVML saw on their GPU, once a sample after their
+/// end exists.
+fn align_iterations(iterations: &mut [Iteration], history: &GpuHistory) {
+    for it in iterations.iter_mut().filter(|i| i.gpu.is_none()) {
+        if let Some(dev) = it.device {
+            it.gpu = history.align(dev, it.gpu_start_ns, it.gpu_end_ns);
+        }
     }
 }
 
@@ -406,6 +427,7 @@ fn drain_all(s: &mut State, flush: bool) {
         conns,
         procs,
         recorder,
+        gpu_history,
         ..
     } = s;
     for c in conns.iter_mut() {
@@ -443,6 +465,9 @@ fn drain_all(s: &mut State, flush: bool) {
         p.corrupt_bytes = h.corrupt_bytes.load(Ordering::Relaxed);
         p.status = h.status.load(Ordering::Relaxed);
         p.seen = asm.seen;
+        if let Some(g) = asm.graph_ops() {
+            p.graph_ops = g;
+        }
         // EOF on the connection: the process exited or the shim closed it.
         let mut b = [0u8; 1];
         // SAFETY: valid socket and buffer.
@@ -466,6 +491,11 @@ fn drain_all(s: &mut State, flush: bool) {
         p.iterations.extend(done);
         let excess = p.iterations.len().saturating_sub(KEEP_ITERATIONS);
         p.iterations.drain(..excess);
+    }
+    if let Some(h) = gpu_history.as_ref().and_then(|h| h.lock().ok()) {
+        for (p, _) in procs.values_mut() {
+            align_iterations(&mut p.iterations, &h);
+        }
     }
     conns.retain(|c| {
         if c.closed {
