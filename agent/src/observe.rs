@@ -680,44 +680,40 @@ pub fn iterations_report(out: &mut String, p: &slo_probe_core::gputrace::ShimPro
     }
 }
 
-/// What NVML saw while the iterations ran: means over the iterations that have samples (each
-/// weighs by its wall time), the lowest SM clock among them.
+/// What NVML saw while the iterations ran: medians over the iterations that have samples (the
+/// warm-up iterations, seconds long and mostly idle, do not weigh more), and the lowest SM clock.
 fn nvml_during_iterations(out: &mut String, iterations: &[slo_probe_core::gputrace::Iteration]) {
-    let aligned: Vec<_> = iterations
-        .iter()
-        .filter_map(|i| i.gpu.as_ref().map(|g| (i.wall_ns().max(1) as f64, g)))
-        .collect();
+    let aligned: Vec<_> = iterations.iter().filter_map(|i| i.gpu.as_ref()).collect();
     if aligned.is_empty() {
         // No NVML (no driver, or a replayed recording): nothing to say.
         return;
     }
-    let mean = |f: &dyn Fn(&slo_probe_core::gpu::IterationGpu) -> Option<f64>| {
-        let (s, w) = aligned
-            .iter()
-            .filter_map(|(w, g)| f(g).map(|v| (v * w, *w)))
-            .fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
-        (w > 0.0).then(|| s / w)
+    let median = |f: &dyn Fn(&slo_probe_core::gpu::IterationGpu) -> Option<f64>| {
+        let mut v: Vec<f64> = aligned.iter().filter_map(|g| f(g)).collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
     };
     let pct = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}%"));
     let min_clock = aligned
         .iter()
-        .filter_map(|(_, g)| g.sm_clock_mhz)
+        .filter_map(|g| g.sm_clock_mhz)
         .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.min(v))));
     let _ = writeln!(
         out,
-        "  NVML during iterations ({} of {} with samples, GPU {}): utilisation {}, SM clock {} MHz \
-         (lowest {}), power {} W; GPM: SM occupancy {}, SM active {}, DRAM bandwidth {}, tensor {}",
+        "  NVML during iterations ({} of {} with samples, GPU {}), medians: utilisation {}, SM \
+         clock {} MHz (lowest {}), power {} W; GPM: SM occupancy {}, SM active {}, DRAM \
+         bandwidth {}, tensor {}",
         aligned.len(),
         iterations.len(),
-        aligned[0].1.index,
-        pct(mean(&|g| g.gpu_util_percent)),
-        mean(&|g| g.sm_clock_mhz).map_or("-".into(), |v| format!("{v:.0}")),
+        aligned[0].index,
+        pct(median(&|g| g.gpu_util_percent)),
+        median(&|g| g.sm_clock_mhz).map_or("-".into(), |v| format!("{v:.0}")),
         min_clock.map_or("-".into(), |v| format!("{v:.0}")),
-        mean(&|g| g.power_watts).map_or("-".into(), |v| format!("{v:.0}")),
-        pct(mean(&|g| g.sm_occupancy_percent)),
-        pct(mean(&|g| g.sm_util_percent)),
-        pct(mean(&|g| g.dram_bw_util_percent)),
-        pct(mean(&|g| g.tensor_util_percent)),
+        median(&|g| g.power_watts).map_or("-".into(), |v| format!("{v:.0}")),
+        pct(median(&|g| g.sm_occupancy_percent)),
+        pct(median(&|g| g.sm_util_percent)),
+        pct(median(&|g| g.dram_bw_util_percent)),
+        pct(median(&|g| g.tensor_util_percent)),
     );
 }
 
