@@ -209,7 +209,7 @@ fn thread_bytes(read: &slo_probe::sources::ebpf::EbpfRead, tid: u32) -> (u64, u6
 }
 
 #[test]
-fn retransmits_on_a_lossy_link_and_none_on_a_clean_one() {
+fn retransmits_on_a_lossy_link_and_exactly_those_of_a_clean_one() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if !root_or_skip("tcp_retransmits") {
         return;
@@ -243,7 +243,10 @@ fn retransmits_on_a_lossy_link_and_none_on_a_clean_one() {
     );
     assert_eq!(l.retransmits, u64::from(lossy.retrans), "lossy retransmits");
     assert_eq!(c.retransmits, u64::from(clean.retrans), "clean retransmits");
-    assert_eq!(clean.retrans, 0, "the clean link retransmitted");
+    // The clean link drops nothing, but on a loaded 2-core machine a receiver that is not
+    // scheduled in time makes the sender fire tail-loss probes and timeouts (seen in CI: 91
+    // against the lossy link's 343). Those are real retransmits of that connection, and the
+    // probe must count exactly them, no more: the equality above is the check, not zero.
     assert_eq!(l.tgid, std::process::id());
     assert!(l.srtt_us > 0 && l.snd_cwnd > 0, "{l:?}");
     assert_eq!(l.tuple.dport, LOSSY_PORT);
