@@ -87,7 +87,7 @@ fn eager_trace_replays_into_300_iterations() {
         assert!(i.gpu_busy_ns * 10 > i.wall_ns() * 7, "{i:?}");
     }
     // Forward kernels carry the module that launched them; the rest have readable names.
-    let ops: Vec<&str> = steady[0].ops.iter().map(|o| o.op.as_str()).collect();
+    let ops: Vec<&str> = steady[0].ops.iter().map(|o| &*o.op).collect();
     assert!(
         ops.iter()
             .any(|o| o.starts_with("blocks.") && o.ends_with(".up")),
@@ -106,7 +106,7 @@ fn eager_trace_replays_into_300_iterations() {
             .ops
             .iter()
             .take(4)
-            .map(|o| (o.op.as_str(), o.occupancy))
+            .map(|o| (&*o.op, o.occupancy))
             .collect::<Vec<_>>()
     );
 }

@@ -628,7 +628,7 @@ pub fn iterations_report(out: &mut String, p: &slo_probe_core::gputrace::ShimPro
     let mut ops: std::collections::BTreeMap<&str, (u64, u32, f64, u64)> = Default::default();
     for i in &p.iterations {
         for o in &i.ops {
-            let e = ops.entry(o.op.as_str()).or_default();
+            let e = ops.entry(&*o.op).or_default();
             e.0 += o.gpu_ns;
             e.1 += o.kernels;
             if let Some(occ) = o.occupancy {
@@ -673,6 +673,8 @@ pub fn iterations_report(out: &mut String, p: &slo_probe_core::gputrace::ShimPro
             100.0 * *ns as f64 / total.max(1) as f64,
             if op.starts_with("graph#") {
                 "launches"
+            } else if op.contains("memcpy") || op.contains("memset") {
+                "operations"
             } else {
                 "kernels"
             }
@@ -753,8 +755,9 @@ pub fn shim_json(p: &slo_probe_core::gputrace::ShimProcess) -> serde_json::Value
             "launch_latency_p50_ns": i.launch_latency_ns(0.5),
             "launch_latency_p99_ns": i.launch_latency_ns(0.99),
             "ops": i.ops.iter().take(20).map(|o| json!({
-                "op": o.op, "gpu_ns": o.gpu_ns, "kernels": o.kernels,
-                "occupancy": o.occupancy,
+                "op": &*o.op, "kind": o.kind.as_str(), "gpu_ns": o.gpu_ns,
+                "kernels": o.kernels, "occupancy": o.occupancy, "gap_ns": o.gap_ns,
+                "launch_latency_ns": o.launch_latency_ns, "bytes": o.bytes,
             })).collect::<Vec<_>>(),
             "device": i.device,
             "gpu": i.gpu.as_ref().map(iteration_gpu_json),

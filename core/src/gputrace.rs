@@ -7,11 +7,16 @@
 //! otherwise they are detected: each launch of the CUDA graph replayed most often starts an
 //! iteration, or, without graphs, the period of the kernel-name sequence.
 
-use std::collections::{BTreeMap, HashMap};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
+
+use rustc_hash::FxHashMap;
 
 use crate::{gpu::IterationGpu, occupancy::SmLimits};
 use slo_probe_common::{
-    gpu::{STEP_BEGIN, STEP_END, STRING_KERNEL, STRING_OP},
+    gpu::{MEM_KIND_MEMSET, STEP_BEGIN, STEP_END, STRING_KERNEL, STRING_OP},
     AnyRecord, GpuGraphRecord, GpuKernelRecord, GpuMemRecord,
 };
 
@@ -41,6 +46,8 @@ pub struct Activity {
     pub end_ns: u64,
     /// Host-side launch (API entry), ns; 0 if unknown.
     pub launch_ns: u64,
+    /// Bytes copied or set (memory operations; 0 otherwise).
+    pub bytes: u64,
     /// Kernel name id (0 for graphs and memory).
     pub name_id: u32,
     /// Operator id (0 if none).
@@ -49,6 +56,8 @@ pub struct Activity {
     pub graph_id: u32,
     /// Stream.
     pub stream_id: u32,
+    /// Memory operation kind (`GpuMemRecord::kind`; 0 for others).
+    pub mem_kind: u32,
     /// Theoretical occupancy of a kernel (0..=1), when the GPU's limits are known.
     pub occupancy: Option<f32>,
     /// CUDA device ordinal.
@@ -66,10 +75,12 @@ impl Activity {
             start_ns: k.start_ns,
             end_ns: k.end_ns,
             launch_ns: k.launch_ns,
+            bytes: 0,
             name_id: k.name_id,
             op_id: k.op_id,
             graph_id: k.graph_id,
             stream_id: k.stream_id,
+            mem_kind: 0,
             occupancy: None,
             device: k.device_id,
         }
@@ -81,10 +92,12 @@ impl Activity {
             start_ns: g.start_ns,
             end_ns: g.end_ns,
             launch_ns: g.launch_ns,
+            bytes: 0,
             name_id: 0,
             op_id: g.op_id,
             graph_id: g.graph_id,
             stream_id: g.stream_id,
+            mem_kind: 0,
             occupancy: None,
             device: g.device_id,
         }
@@ -96,10 +109,12 @@ impl Activity {
             start_ns: m.start_ns,
             end_ns: m.end_ns,
             launch_ns: m.launch_ns,
+            bytes: m.bytes,
             name_id: 0,
             op_id: m.op_id,
             graph_id: m.graph_id,
             stream_id: m.stream_id,
+            mem_kind: m.kind,
             occupancy: None,
             device: m.device_id,
         }
@@ -120,18 +135,54 @@ impl Activity {
     }
 }
 
+/// What an operator does on the GPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// Compute kernels.
+    #[default]
+    Compute,
+    /// Collective communication kernels (NCCL).
+    Communication,
+    /// memcpy and memset.
+    Memory,
+    /// A whole CUDA graph traced at graph level (what it runs: [`ShimProcess::graph_ops`]).
+    Graph,
+}
+
+impl OpKind {
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Compute => "compute",
+            Self::Communication => "communication",
+            Self::Memory => "memory",
+            Self::Graph => "graph",
+        }
+    }
+}
+
 /// Time spent by one operator in an iteration.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OpTime {
     /// Operator label: the script's op name, else the fused operators of an Inductor kernel
-    /// name, else the kernel name.
-    pub op: String,
-    /// Sum of its kernels' GPU time, ns.
+    /// name, else the kernel name; `graph#<id>` for a graph traced at graph level; memory
+    /// operations by direction (`memcpy HtoD`), after the op name when one was active.
+    pub op: Arc<str>,
+    /// What it does.
+    pub kind: OpKind,
+    /// Sum of its activities' GPU time, ns.
     pub gpu_ns: u64,
-    /// Kernels.
+    /// Activities (kernels, graph launches or memory operations).
     pub kernels: u32,
     /// GPU-time-weighted mean theoretical occupancy of its kernels, when known.
     pub occupancy: Option<f64>,
+    /// GPU idle time just before its activities (since the previous activity on the GPU
+    /// ended), ns: what late launches of this operator cost the iteration.
+    pub gap_ns: u64,
+    /// Mean launch latency (GPU start − API entry) of its activities, ns, when known.
+    pub launch_latency_ns: Option<u64>,
+    /// Bytes its memory operations moved.
+    pub bytes: u64,
 }
 
 /// One training iteration.
@@ -160,9 +211,17 @@ pub struct Iteration {
     pub memory_ops: u32,
     /// GPU time of memory operations, ns.
     pub memory_ns: u64,
+    /// GPU time of compute kernels and graph launches, ns.
+    pub compute_ns: u64,
+    /// GPU time of communication kernels (NCCL), ns.
+    pub comm_ns: u64,
+    /// Communication kernels.
+    pub comm_kernels: u32,
     /// GPU idle time from the iteration's start to its first activity, ns (host wait, data
     /// loading).
     pub idle_before_first_ns: u64,
+    /// GPU idle time between its first activity and its last, ns (launch gaps).
+    pub gaps_ns: u64,
     /// Launch latencies (GPU start − API entry) of its activities, ns, sorted.
     pub launch_latencies_ns: Vec<u64>,
     /// Time per operator, largest first.
@@ -242,6 +301,8 @@ pub struct ShimProcess {
     /// What each CUDA graph runs (operators by share of its GPU time), for the graphs that
     /// node-level tracing has seen; graph-level records are labelled `graph#<id>`.
     pub graph_ops: BTreeMap<u32, Vec<(String, f64)>>,
+    /// Activities counted under the overflow operator because [`MAX_OPS`] were named already.
+    pub ops_overflowed: u64,
 }
 
 /// A short readable label for a kernel name: Inductor's fused operators; else the demangled C++
@@ -313,26 +374,113 @@ fn itanium_nested_name(name: &str) -> Option<String> {
 /// Operators kept per graph by [`TraceAssembler::graph_ops`].
 pub const GRAPH_OPS: usize = 8;
 
+/// Distinct operators one assembler names; activities of further operators are counted under
+/// [`OVERFLOW_OP`] (and in [`TraceAssembler::ops_overflowed`]), so memory stays bounded
+/// whatever the job launches.
+pub const MAX_OPS: usize = 4096;
+
+/// The label of the operator that collects activities beyond [`MAX_OPS`].
+pub const OVERFLOW_OP: &str = "(other operators)";
+
+/// What identifies an operator before its label is known.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum OpKey {
+    /// Operator id, kernel name id.
+    Kernel(u32, u32),
+    /// Operator id, graph id.
+    Graph(u32, u32),
+    /// Operator id, memory kind.
+    Memory(u32, u32),
+}
+
+/// Per operator, while an iteration is summarised.
+#[derive(Clone, Copy, Default)]
+struct OpAcc {
+    gpu_ns: u64,
+    count: u32,
+    occ_weighted: f64,
+    occ_ns: u64,
+    gap_ns: u64,
+    launch_sum: u64,
+    launch_count: u32,
+    bytes: u64,
+}
+
+/// Named operators: a label and kind per index, index 0 the overflow operator.
+struct OpTable {
+    by_key: FxHashMap<OpKey, u32>,
+    by_label: FxHashMap<Arc<str>, u32>,
+    info: Vec<(Arc<str>, OpKind)>,
+    overflowed: u64,
+}
+
+impl Default for OpTable {
+    fn default() -> Self {
+        Self {
+            by_key: FxHashMap::default(),
+            by_label: FxHashMap::default(),
+            info: vec![(Arc::from(OVERFLOW_OP), OpKind::Compute)],
+            overflowed: 0,
+        }
+    }
+}
+
+/// `memcpy HtoD` and the like, from CUPTI's copy kind.
+fn memory_label(kind: u32) -> &'static str {
+    match kind {
+        MEM_KIND_MEMSET => "memset",
+        1 => "memcpy HtoD",
+        2 => "memcpy DtoH",
+        3 => "memcpy HtoA",
+        4 => "memcpy AtoH",
+        5 => "memcpy AtoA",
+        6 => "memcpy AtoD",
+        7 => "memcpy DtoA",
+        8 => "memcpy DtoD",
+        9 => "memcpy HtoH",
+        10 => "memcpy PtoP",
+        _ => "memcpy",
+    }
+}
+
+/// Whether a kernel name is a collective communication kernel.
+pub fn is_comm_kernel(name: &str) -> bool {
+    name.as_bytes()
+        .windows(4)
+        .any(|w| w.eq_ignore_ascii_case(b"nccl"))
+}
+
 /// Folds records into iterations.
 #[derive(Default)]
 pub struct TraceAssembler {
     names: HashMap<u32, String>,
     ops: HashMap<u32, String>,
-    node_ops: HashMap<u64, u32>,
+    node_ops: FxHashMap<u64, u32>,
     pending: Vec<Activity>,
     steps: BTreeMap<u64, (Option<u64>, Option<u64>)>,
     marked: bool,
     next_detected: u64,
     graph_counts: HashMap<u32, u64>,
     /// GPU time of node-level kernels by graph, then by (operator id, kernel name id).
-    graph_contents: HashMap<u32, HashMap<(u32, u32), u64>>,
+    graph_contents: FxHashMap<u32, FxHashMap<(u32, u32), u64>>,
     /// Whether `graph_contents` grew since [`TraceAssembler::graph_ops`] was last asked.
     graph_contents_changed: bool,
+    table: OpTable,
+    /// Scratch of `summarise`, indexed by operator.
+    acc: Vec<OpAcc>,
+    /// Scratch of `summarise`: activities sorted by start.
+    sorted: Vec<Activity>,
+    /// The period of the kernel sequence last detected, and how many kernels were pending
+    /// when detection last failed.
+    period: Option<usize>,
+    period_failed_at: usize,
     /// Records seen, by kind: kernels, graphs, memory, nodes, strings, steps.
     pub seen: [u64; 6],
     /// Activities that belonged to no iteration (between steps, or too late for theirs).
     pub late: u64,
     limits: Option<SmLimits>,
+    /// (threads per block, registers, shared memory) → occupancy, for the kernels seen.
+    occupancy_cache: FxHashMap<(u32, u32, u32), Option<f32>>,
 }
 
 impl TraceAssembler {
@@ -344,6 +492,7 @@ impl TraceAssembler {
     /// Sets the GPU's per-SM limits, for theoretical occupancy of the kernels that follow.
     pub fn set_limits(&mut self, limits: Option<SmLimits>) {
         self.limits = limits;
+        self.occupancy_cache.clear();
     }
 
     /// A name by id (kernel or operator), if its string record has arrived.
@@ -354,22 +503,83 @@ impl TraceAssembler {
             .map(String::as_str)
     }
 
+    /// Activities counted under [`OVERFLOW_OP`] so far.
+    pub fn ops_overflowed(&self) -> u64 {
+        self.table.overflowed
+    }
+
+    /// Distinct operators named so far (at most [`MAX_OPS`], plus the overflow operator).
+    pub fn ops_named(&self) -> usize {
+        self.table.info.len()
+    }
+
+    /// The label and kind of an activity's operator, and whether the label is final (a kernel
+    /// whose name has not arrived yet gets `kernel#<id>` for now).
+    fn label_of(&self, key: OpKey) -> (String, OpKind, bool) {
+        let op = |id: u32| (id != 0).then(|| self.ops.get(&id)).flatten();
+        match key {
+            OpKey::Kernel(op_id, name_id) => {
+                let name = self.names.get(&name_id);
+                let kind = if name.is_some_and(|n| is_comm_kernel(n)) {
+                    OpKind::Communication
+                } else {
+                    OpKind::Compute
+                };
+                match (op(op_id), name) {
+                    (Some(o), _) => (o.clone(), kind, true),
+                    (None, Some(n)) => (short_kernel_name(n), kind, true),
+                    (None, None) => (format!("kernel#{name_id}"), kind, false),
+                }
+            }
+            OpKey::Graph(op_id, graph_id) => match op(op_id) {
+                Some(o) => (o.clone(), OpKind::Graph, true),
+                None => (format!("graph#{graph_id}"), OpKind::Graph, true),
+            },
+            OpKey::Memory(op_id, kind) => match op(op_id) {
+                Some(o) => (format!("{o}: {}", memory_label(kind)), OpKind::Memory, true),
+                None => (memory_label(kind).to_owned(), OpKind::Memory, true),
+            },
+        }
+    }
+
+    fn key_of(a: &Activity) -> OpKey {
+        match a.kind {
+            ActivityKind::Graph => OpKey::Graph(a.op_id, a.graph_id),
+            ActivityKind::Memory => OpKey::Memory(a.op_id, a.mem_kind),
+            _ => OpKey::Kernel(a.op_id, a.name_id),
+        }
+    }
+
+    /// The operator index of an activity, naming the operator on first sight.
+    fn op_index(&mut self, a: &Activity) -> u32 {
+        let key = Self::key_of(a);
+        if let Some(&i) = self.table.by_key.get(&key) {
+            return i;
+        }
+        let (label, kind, final_label) = self.label_of(key);
+        let index = match self.table.by_label.get(label.as_str()) {
+            Some(&i) => i,
+            None if self.table.info.len() > MAX_OPS => 0,
+            None => {
+                let label: Arc<str> = Arc::from(label);
+                let i = self.table.info.len() as u32;
+                self.table.info.push((label.clone(), kind));
+                self.table.by_label.insert(label, i);
+                i
+            }
+        };
+        if final_label && index != 0 {
+            self.table.by_key.insert(key, index);
+        }
+        if index == 0 {
+            self.table.overflowed += 1;
+        }
+        index
+    }
+
     /// The operator label of an activity (see [`OpTime::op`]).
     pub fn op_label(&self, a: &Activity) -> String {
-        if a.op_id != 0 {
-            if let Some(op) = self.ops.get(&a.op_id) {
-                return op.clone();
-            }
-        }
-        match a.kind {
-            ActivityKind::Graph => return format!("graph#{}", a.graph_id),
-            ActivityKind::Memory => return "memory".into(),
-            _ => {}
-        }
-        match self.names.get(&a.name_id) {
-            Some(n) => short_kernel_name(n),
-            None => format!("kernel#{}", a.name_id),
-        }
+        self.label_of(Self::key_of(a)).0
     }
 
     /// What each CUDA graph runs, from its node-level kernels (diagnostic mode): operators by
@@ -383,19 +593,8 @@ impl TraceAssembler {
         for (&graph, contents) in &self.graph_contents {
             let mut by_label: HashMap<String, u64> = HashMap::new();
             for (&(op_id, name_id), &ns) in contents {
-                let a = Activity {
-                    kind: ActivityKind::GraphKernel,
-                    start_ns: 0,
-                    end_ns: 0,
-                    launch_ns: 0,
-                    name_id,
-                    op_id,
-                    graph_id: graph,
-                    stream_id: 0,
-                    occupancy: None,
-                    device: 0,
-                };
-                *by_label.entry(self.op_label(&a)).or_default() += ns;
+                let (label, _, _) = self.label_of(OpKey::Kernel(op_id, name_id));
+                *by_label.entry(label).or_default() += ns;
             }
             let total = by_label.values().sum::<u64>().max(1) as f64;
             let mut ops: Vec<(String, f64)> = by_label
@@ -415,11 +614,18 @@ impl TraceAssembler {
             AnyRecord::GpuKernel(k) => {
                 self.seen[0] += 1;
                 let mut a = Activity::from_kernel(k);
-                a.occupancy = self.limits.and_then(|l| {
-                    let threads = k.block.iter().product::<u32>();
-                    l.occupancy(threads, k.registers, k.static_smem + k.dynamic_smem)
-                        .map(|o| o as f32)
-                });
+                if let Some(l) = self.limits {
+                    let threads = k.block[0]
+                        .saturating_mul(k.block[1])
+                        .saturating_mul(k.block[2]);
+                    let smem = k.static_smem.saturating_add(k.dynamic_smem);
+                    a.occupancy = *self
+                        .occupancy_cache
+                        .entry((threads, k.registers, smem))
+                        .or_insert_with(|| {
+                            l.occupancy(threads, k.registers, smem).map(|o| o as f32)
+                        });
+                }
                 if a.op_id == 0 && k.graph_node_id != 0 {
                     a.op_id = self.node_ops.get(&k.graph_node_id).copied().unwrap_or(0);
                 }
@@ -450,10 +656,12 @@ impl TraceAssembler {
                 start_ns: e.ts_ns,
                 end_ns: e.ts_ns,
                 launch_ns: 0,
+                bytes: 0,
                 name_id: 0,
                 op_id: 0,
                 graph_id: 0,
                 stream_id: e.stream_id,
+                mem_kind: 0,
                 occupancy: None,
                 device: e.device_id,
             },
@@ -501,7 +709,7 @@ impl TraceAssembler {
     /// to spare), or all of them when `flush`. Without markers, detected iterations (see the
     /// module docs) up to the last boundary. Activities of returned iterations are released;
     /// records that arrive for an iteration already returned are counted in
-    /// [`TraceAssembler::late`].
+    /// [`TraceAssembler::late`]. Linear in the activities pending (after sorting them).
     pub fn take_iterations(&mut self, now_ns: u64, settle_ns: u64, flush: bool) -> Vec<Iteration> {
         if self.marked {
             self.take_marked(now_ns, settle_ns, flush)
@@ -510,38 +718,106 @@ impl TraceAssembler {
         }
     }
 
+    /// Sorts the pending activities by anchor (cheap when they already are, as records mostly
+    /// arrive in order).
+    fn sort_pending(&mut self) {
+        if !self.pending.is_sorted_by_key(Activity::anchor_ns) {
+            self.pending.sort_by_key(Activity::anchor_ns);
+        }
+    }
+
+    /// Summarises each `(step, begin, end)` window over the sorted pending activities (each
+    /// activity in at most one window, the first that holds it) and removes what was used.
+    /// `end_inclusive`: whether an activity anchored at `end` belongs to the window.
+    fn cut(
+        &mut self,
+        windows: &[(u64, u64, u64)],
+        marked: bool,
+        end_inclusive: bool,
+    ) -> Vec<Iteration> {
+        let mut out = Vec::with_capacity(windows.len());
+        let mut used: Vec<(usize, usize)> = Vec::with_capacity(windows.len());
+        for &(step, b, e) in windows {
+            let lo = self.pending.partition_point(|a| a.anchor_ns() < b);
+            let hi = if end_inclusive {
+                self.pending.partition_point(|a| a.anchor_ns() <= e)
+            } else {
+                self.pending.partition_point(|a| a.anchor_ns() < e)
+            };
+            let lo = lo.max(used.last().map_or(0, |u| u.1));
+            let hi = hi.max(lo);
+            let acts = std::mem::take(&mut self.sorted);
+            let it = self.summarise_range(step, marked, b, e, lo..hi, acts);
+            out.push(it);
+            used.push((lo, hi));
+        }
+        // Keep what no window used, in order.
+        if used.iter().any(|u| u.1 > u.0) {
+            let mut keep = Vec::with_capacity(self.pending.len());
+            let mut next = 0;
+            for &(lo, hi) in &used {
+                keep.extend_from_slice(&self.pending[next..lo.max(next)]);
+                next = next.max(hi);
+            }
+            keep.extend_from_slice(&self.pending[next..]);
+            self.pending = keep;
+        }
+        out
+    }
+
     fn take_marked(&mut self, now_ns: u64, settle_ns: u64, flush: bool) -> Vec<Iteration> {
         let horizon = now_ns.saturating_sub(settle_ns);
-        let ready: Vec<(u64, u64, u64)> = self
+        let mut ready: Vec<(u64, u64, u64)> = self
             .steps
             .iter()
             .filter_map(|(&step, &(b, e))| Some((step, b?, e?)))
             .filter(|&(_, _, e)| flush || e <= horizon)
             .collect();
+        self.sort_pending();
         let mut out = Vec::new();
-        for (step, b, e) in ready {
-            self.steps.remove(&step);
-            let (inside, rest): (Vec<Activity>, Vec<Activity>) = self
-                .pending
-                .drain(..)
-                .partition(|a| a.anchor_ns() >= b && a.anchor_ns() <= e);
-            self.pending = rest;
-            out.push(self.summarise(step, true, b, e, &inside));
+        if !ready.is_empty() {
+            for (step, _, _) in &ready {
+                self.steps.remove(step);
+            }
+            ready.sort_by_key(|&(step, b, _)| (b, step));
+            out = self.cut(&ready, true, true);
         }
         // Activities launched before the oldest open step belong to no iteration: between two
         // steps, or late for one already returned.
         if let Some((_, (Some(b), _))) = self.steps.iter().next() {
             let b = *b;
-            let before = self.pending.len();
-            self.pending.retain(|a| a.anchor_ns() >= b);
-            self.late += (before - self.pending.len()) as u64;
+            let late = self.pending.partition_point(|a| a.anchor_ns() < b);
+            self.pending.drain(..late);
+            self.late += late as u64;
         }
         out.sort_by_key(|i| i.start_ns);
         out
     }
 
+    /// The period of the pending kernels' name sequence: the one found last while it still
+    /// holds, else a new search (at most once per [`PERIOD_WINDOW`] / 4 new kernels after a
+    /// failed one, as a search compares up to [`PERIOD_WINDOW`]² / 3 pairs).
+    fn kernel_period(&mut self, names: &[u32]) -> Option<usize> {
+        if let Some(p) = self.period {
+            if period_score(tail(names), p) >= PERIOD_MATCH {
+                return Some(p);
+            }
+            self.period = None;
+        }
+        if names.len() < self.period_failed_at + PERIOD_WINDOW / 4 && self.period_failed_at > 0 {
+            return None;
+        }
+        self.period = detect_period(names);
+        self.period_failed_at = if self.period.is_some() {
+            0
+        } else {
+            names.len()
+        };
+        self.period
+    }
+
     fn take_detected(&mut self, flush: bool) -> Vec<Iteration> {
-        self.pending.sort_by_key(|a| a.anchor_ns());
+        self.sort_pending();
         let boundaries: Vec<u64> = match self.graph_counts.iter().max_by_key(|(_, n)| **n) {
             Some((&g, &n)) if n >= 2 => self
                 .pending
@@ -556,7 +832,7 @@ impl TraceAssembler {
                     .filter(|a| a.kind == ActivityKind::Kernel)
                     .map(|a| a.name_id)
                     .collect();
-                match detect_period(&names) {
+                match self.kernel_period(&names) {
                     Some(p) => self
                         .pending
                         .iter()
@@ -568,95 +844,161 @@ impl TraceAssembler {
                 }
             }
         };
-        let mut out = Vec::new();
-        let mut cut = 0u64;
-        for w in boundaries.windows(2) {
-            let (b, e) = (w[0], w[1]);
-            let inside: Vec<Activity> = self
-                .pending
-                .iter()
-                .filter(|a| a.anchor_ns() >= b && a.anchor_ns() < e)
-                .copied()
-                .collect();
-            let step = self.next_detected;
-            self.next_detected += 1;
-            out.push(self.summarise(step, false, b, e, &inside));
-            cut = e;
-        }
+        let windows: Vec<(u64, u64, u64)> = boundaries
+            .windows(2)
+            .enumerate()
+            .map(|(k, w)| (self.next_detected + k as u64, w[0], w[1]))
+            .collect();
+        self.next_detected += windows.len() as u64;
+        let cut = windows.last().map(|w| w.2);
+        let out = self.cut(&windows, false, false);
         if flush {
             self.pending.clear();
-        } else if cut > 0 {
-            self.pending.retain(|a| a.anchor_ns() >= cut);
+        } else if let Some(cut) = cut {
+            let before = self.pending.partition_point(|a| a.anchor_ns() < cut);
+            self.pending.drain(..before);
         }
         out
     }
 
-    fn summarise(&self, step: u64, marked: bool, b: u64, e: u64, acts: &[Activity]) -> Iteration {
-        let mut intervals: Vec<(u64, u64)> = acts
-            .iter()
-            .filter(|a| a.end_ns > a.start_ns)
-            .map(|a| (a.start_ns, a.end_ns))
-            .collect();
-        intervals.sort_unstable();
+    /// Summarises the pending activities in `range` as one iteration from `b` to `e`;
+    /// `sorted` is scratch space, handed back.
+    fn summarise_range(
+        &mut self,
+        step: u64,
+        marked: bool,
+        b: u64,
+        e: u64,
+        range: std::ops::Range<usize>,
+        mut sorted: Vec<Activity>,
+    ) -> Iteration {
+        sorted.clear();
+        sorted.extend_from_slice(&self.pending[range]);
+        sorted.sort_unstable_by_key(|a| (a.start_ns, a.end_ns));
+        let it = self.summarise(step, marked, b, e, &sorted);
+        self.sorted = sorted;
+        it
+    }
+
+    /// One iteration from its activities, sorted by start.
+    fn summarise(
+        &mut self,
+        step: u64,
+        marked: bool,
+        b: u64,
+        e: u64,
+        acts: &[Activity],
+    ) -> Iteration {
         let mut busy = 0u64;
+        let mut gaps = 0u64;
+        // The busy interval being merged, and where the GPU was last busy until.
         let mut cur: Option<(u64, u64)> = None;
-        for (s, t) in intervals.iter().copied() {
-            match cur {
-                Some((cs, ce)) if s <= ce => cur = Some((cs, ce.max(t))),
-                Some((cs, ce)) => {
-                    busy += ce - cs;
-                    cur = Some((s, t));
+        let mut touched: Vec<u32> = Vec::new();
+        if self.acc.len() < self.table.info.len() + 1 {
+            self.acc.resize(MAX_OPS + 2, OpAcc::default());
+        }
+        let mut lat: Vec<u64> = Vec::new();
+        let (mut kernels, mut graph_launches, mut memory_ops) = (0u32, 0u32, 0u32);
+        let (mut memory_ns, mut compute_ns, mut comm_ns, mut comm_kernels) =
+            (0u64, 0u64, 0u64, 0u32);
+        let mut by_device: [(u32, u64); 4] = [(u32::MAX, 0); 4];
+        let mut first_start = None;
+        for a in acts {
+            let d = a.duration_ns();
+            if let Some(slot) = by_device
+                .iter_mut()
+                .find(|s| s.0 == a.device || s.0 == u32::MAX)
+            {
+                slot.0 = a.device;
+                slot.1 += d;
+            }
+            if a.kind == ActivityKind::Event {
+                continue;
+            }
+            // Launch gap: idle GPU time just before this activity.
+            let gap = match cur {
+                Some((_, ce)) if a.start_ns > ce => a.start_ns - ce,
+                _ => 0,
+            };
+            if a.end_ns > a.start_ns {
+                first_start.get_or_insert(a.start_ns);
+                match cur {
+                    Some((cs, ce)) if a.start_ns <= ce => cur = Some((cs, ce.max(a.end_ns))),
+                    Some((cs, ce)) => {
+                        busy += ce - cs;
+                        gaps += a.start_ns - ce;
+                        cur = Some((a.start_ns, a.end_ns));
+                    }
+                    None => cur = Some((a.start_ns, a.end_ns)),
                 }
-                None => cur = Some((s, t)),
+            }
+            let i = self.op_index(a) as usize;
+            let acc = &mut self.acc[i];
+            if acc.count == 0 {
+                touched.push(i as u32);
+            }
+            acc.gpu_ns += d;
+            acc.count += 1;
+            acc.gap_ns += gap;
+            acc.bytes += a.bytes;
+            if let Some(o) = a.occupancy {
+                acc.occ_weighted += f64::from(o) * d as f64;
+                acc.occ_ns += d;
+            }
+            if a.launch_ns != 0 && a.kind != ActivityKind::GraphKernel {
+                let l = a.start_ns.saturating_sub(a.launch_ns);
+                lat.push(l);
+                acc.launch_sum += l;
+                acc.launch_count += 1;
+            }
+            match a.kind {
+                ActivityKind::Kernel | ActivityKind::GraphKernel => {
+                    kernels += 1;
+                    if self.table.info[i].1 == OpKind::Communication {
+                        comm_ns += d;
+                        comm_kernels += 1;
+                    } else {
+                        compute_ns += d;
+                    }
+                }
+                ActivityKind::Graph => {
+                    graph_launches += 1;
+                    compute_ns += d;
+                }
+                ActivityKind::Memory => {
+                    memory_ops += 1;
+                    memory_ns += d;
+                }
+                ActivityKind::Event => {}
             }
         }
         if let Some((cs, ce)) = cur {
             busy += ce - cs;
         }
-        let first_start = intervals.first().map_or(e, |(s, _)| *s);
+        lat.sort_unstable();
+        let mut occ = (0.0, 0u64);
+        let mut ops = Vec::with_capacity(touched.len());
+        for &i in &touched {
+            let acc = std::mem::take(&mut self.acc[i as usize]);
+            occ.0 += acc.occ_weighted;
+            occ.1 += acc.occ_ns;
+            let (label, kind) = &self.table.info[i as usize];
+            ops.push(OpTime {
+                op: label.clone(),
+                kind: *kind,
+                gpu_ns: acc.gpu_ns,
+                kernels: acc.count,
+                occupancy: (acc.occ_ns > 0).then(|| acc.occ_weighted / acc.occ_ns as f64),
+                gap_ns: acc.gap_ns,
+                launch_latency_ns: (acc.launch_count > 0)
+                    .then(|| acc.launch_sum / u64::from(acc.launch_count)),
+                bytes: acc.bytes,
+            });
+        }
+        ops.sort_by(|a, b| b.gpu_ns.cmp(&a.gpu_ns).then_with(|| a.op.cmp(&b.op)));
         // The GPU span also counts CUDA events the script recorded on its streams.
         let span_start = acts.iter().map(|a| a.start_ns).min();
         let span_end = acts.iter().map(|a| a.end_ns).max();
-        let mut lat: Vec<u64> = acts
-            .iter()
-            .filter(|a| a.launch_ns != 0 && a.kind != ActivityKind::GraphKernel)
-            .map(|a| a.start_ns.saturating_sub(a.launch_ns))
-            .collect();
-        lat.sort_unstable();
-        // (GPU ns, kernels, occupancy × ns, ns with a known occupancy)
-        let mut by_op: HashMap<String, (u64, u32, f64, u64)> = HashMap::new();
-        let weighted = |a: &Activity| {
-            a.occupancy.map_or((0.0, 0), |o| {
-                (f64::from(o) * a.duration_ns() as f64, a.duration_ns())
-            })
-        };
-        for a in acts.iter().filter(|a| {
-            matches!(
-                a.kind,
-                ActivityKind::Kernel | ActivityKind::GraphKernel | ActivityKind::Graph
-            )
-        }) {
-            let e = by_op.entry(self.op_label(a)).or_default();
-            let (w, n) = weighted(a);
-            e.0 += a.duration_ns();
-            e.1 += 1;
-            e.2 += w;
-            e.3 += n;
-        }
-        let mean = |w: f64, n: u64| (n > 0).then(|| w / n as f64);
-        let (w_all, n_all) = by_op
-            .values()
-            .fold((0.0, 0), |(w, n), e| (w + e.2, n + e.3));
-        let mut ops: Vec<OpTime> = by_op
-            .into_iter()
-            .map(|(op, (gpu_ns, kernels, w, n))| OpTime {
-                op,
-                gpu_ns,
-                kernels,
-                occupancy: mean(w, n),
-            })
-            .collect();
-        ops.sort_by(|a, b| b.gpu_ns.cmp(&a.gpu_ns).then(a.op.cmp(&b.op)));
         Iteration {
             step,
             marked,
@@ -665,47 +1007,45 @@ impl TraceAssembler {
             gpu_busy_ns: busy,
             gpu_start_ns: span_start.unwrap_or(b),
             gpu_end_ns: span_end.unwrap_or(b),
-            kernels: acts
-                .iter()
-                .filter(|a| matches!(a.kind, ActivityKind::Kernel | ActivityKind::GraphKernel))
-                .count() as u32,
-            graph_launches: acts
-                .iter()
-                .filter(|a| a.kind == ActivityKind::Graph)
-                .count() as u32,
-            memory_ops: acts
-                .iter()
-                .filter(|a| a.kind == ActivityKind::Memory)
-                .count() as u32,
-            memory_ns: acts
-                .iter()
-                .filter(|a| a.kind == ActivityKind::Memory)
-                .map(Activity::duration_ns)
-                .sum(),
-            idle_before_first_ns: first_start.saturating_sub(b),
+            kernels,
+            graph_launches,
+            memory_ops,
+            memory_ns,
+            compute_ns,
+            comm_ns,
+            comm_kernels,
+            idle_before_first_ns: first_start.unwrap_or(e).saturating_sub(b),
+            gaps_ns: gaps,
             launch_latencies_ns: lat,
             ops,
-            occupancy: mean(w_all, n_all),
-            device: main_device(acts),
+            occupancy: (occ.1 > 0).then(|| occ.0 / occ.1 as f64),
+            device: by_device
+                .iter()
+                .filter(|s| s.0 != u32::MAX)
+                .max_by_key(|s| (s.1, std::cmp::Reverse(s.0)))
+                .map(|s| s.0),
             gpu: None,
         }
     }
 }
 
-/// The device with the most GPU time among `acts`.
-fn main_device(acts: &[Activity]) -> Option<u32> {
-    let mut by_dev: BTreeMap<u32, u64> = BTreeMap::new();
-    for a in acts {
-        *by_dev.entry(a.device).or_default() += a.duration_ns();
-    }
-    by_dev
-        .into_iter()
-        .max_by_key(|&(d, ns)| (ns, std::cmp::Reverse(d)))
-        .map(|(d, _)| d)
-}
-
 /// Kernels looked at to find the period of a job's kernel sequence (bounds the cost).
 const PERIOD_WINDOW: usize = 8192;
+
+/// The share of positions `i` with `seq[i] == seq[i + p]` a period needs.
+const PERIOD_MATCH: f64 = 0.8;
+
+fn tail(seq: &[u32]) -> &[u32] {
+    &seq[seq.len().saturating_sub(PERIOD_WINDOW)..]
+}
+
+fn period_score(seq: &[u32], p: usize) -> f64 {
+    let n = seq.len();
+    if p == 0 || n <= p {
+        return 0.0;
+    }
+    (0..n - p).filter(|&i| seq[i] == seq[i + p]).count() as f64 / (n - p) as f64
+}
 
 /// The period `p` (2 ≤ p ≤ len/3) for which `seq[i] == seq[i + p]` holds most often over the
 /// last [`PERIOD_WINDOW`] elements, if it holds for at least 80% of them (kernels launched by
@@ -713,15 +1053,12 @@ const PERIOD_WINDOW: usize = 8192;
 /// was measured on a PyTorch job). The recent window skips start-up steps, which launch one-off
 /// kernels.
 pub fn detect_period(seq: &[u32]) -> Option<usize> {
-    let seq = &seq[seq.len().saturating_sub(PERIOD_WINDOW)..];
+    let seq = tail(seq);
     let n = seq.len();
-    let score =
-        |p: usize| (0..n - p).filter(|&i| seq[i] == seq[i + p]).count() as f64 / (n - p) as f64;
-    let (p, best) =
-        (2..=n / 3)
-            .map(|p| (p, score(p)))
-            .fold((0, 0.0), |acc, x| if x.1 > acc.1 { x } else { acc });
-    (best >= 0.8).then_some(p)
+    let (p, best) = (2..=n / 3)
+        .map(|p| (p, period_score(seq, p)))
+        .fold((0, 0.0), |acc, x| if x.1 > acc.1 { x } else { acc });
+    (best >= PERIOD_MATCH).then_some(p)
 }
 
 #[cfg(test)]
@@ -848,11 +1185,11 @@ mod tests {
         assert_eq!(i.idle_before_first_ns, 500);
         assert_eq!(i.launch_latencies_ns, vec![400, 800]);
         assert_eq!(i.ops.len(), 2);
-        assert!(i.ops.iter().any(|o| o.op == "gelu" && o.gpu_ns == 600));
+        assert!(i.ops.iter().any(|o| &*o.op == "gelu" && o.gpu_ns == 600));
         assert!(i
             .ops
             .iter()
-            .any(|o| o.op == "blocks.0.up" && o.gpu_ns == 600));
+            .any(|o| &*o.op == "blocks.0.up" && o.gpu_ns == 600));
         // Step 1 has no end yet.
         assert!(t.take_iterations(100_000, 0, false).is_empty());
         t.push(&AnyRecord::Step(step(1, 9_500, STEP_END)));
