@@ -3,12 +3,16 @@
 //! with recorded or generated inputs.
 #![deny(missing_docs)]
 
+pub mod attribution;
 pub mod cgroup;
 pub mod gpu;
 pub mod gputrace;
+pub mod host;
 pub mod net;
 pub mod occupancy;
 pub mod proctree;
 pub mod roles;
+pub mod slo;
 pub mod snapshot;
+pub mod synth;
 pub mod threads;

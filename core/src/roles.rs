@@ -13,7 +13,10 @@
 use std::fmt;
 
 /// The role of a thread in the job.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum Role {
     /// The training loop: the main thread of a training process, and the autograd engine's
     /// device threads that launch the backward pass.

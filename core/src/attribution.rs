@@ -1,0 +1,639 @@
+//! Attribution: which operator made the iterations slower, along which dimension, and which
+//! host cause in the same window goes with it.
+//!
+//! The SLO engine keeps a [`Profile`] per window: per operator the GPU time, the GPU idle time
+//! just before its activities (launch gaps), activity count, theoretical occupancy and bytes,
+//! plus the iteration-level idle time before the first activity, all summed over the window's
+//! iterations, and the host's deltas over the window. [`attribute`] compares the profile of the
+//! windows that breached with the baseline profile of healthy windows, per iteration: each
+//! operator's contribution to the change of the iteration time is the change of its GPU time plus
+//! the change of its launch gaps; operators are ranked by it and each is classified by the
+//! dimension that changed (see [`Dimension`]). Two pseudo-operators stand for what belongs to no
+//! operator: [`DATA_LOADING_OP`] (GPU idle before an iteration's first activity) and
+//! [`LAUNCHES_OP`] (launch gaps grown across many operators at once, the mark of a launching
+//! thread kept off the CPU). The host deltas of the same windows, against the baseline's, give
+//! the cause behind the dimension: run-queue wait of the launching or loader threads, cgroup
+//! throttling, TCP retransmits on the communication sockets.
+
+use std::{fmt::Write as _, sync::Arc};
+
+use rustc_hash::FxHashMap;
+
+use crate::{
+    gputrace::{Iteration, OpKind},
+    host::HostDelta,
+    roles::Role,
+};
+
+/// Along what an operator got slower.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Dimension {
+    /// Its work reached the GPU later: GPU idle before its kernels grew (a host sync, slow
+    /// launches, a launching thread kept off the CPU).
+    LaunchLatency,
+    /// Its kernels ran with fewer resident warps: a launch configuration with lower theoretical
+    /// occupancy.
+    Occupancy,
+    /// Its memory operations moved the same bytes more slowly.
+    MemoryBandwidth,
+    /// Its kernels ran longer with the same launch configuration.
+    Execution,
+    /// Collective communication took longer.
+    Communication,
+    /// The GPU waited longer for the next batch at the start of iterations.
+    DataLoading,
+}
+
+impl Dimension {
+    /// Lower-case name, with `_`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::LaunchLatency => "launch_latency",
+            Self::Occupancy => "occupancy",
+            Self::MemoryBandwidth => "memory_bandwidth",
+            Self::Execution => "execution",
+            Self::Communication => "communication",
+            Self::DataLoading => "data_loading",
+        }
+    }
+}
+
+/// The pseudo-operator for the GPU idle time before an iteration's first activity.
+pub const DATA_LOADING_OP: &str = "(data loading)";
+
+/// The pseudo-operator for launch gaps grown across many operators.
+pub const LAUNCHES_OP: &str = "(kernel launches)";
+
+/// One operator summed over a window's iterations.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct OpAgg {
+    /// What it does.
+    pub kind: OpKind,
+    /// GPU time, ns.
+    pub gpu_ns: u64,
+    /// Activities.
+    pub count: u64,
+    /// GPU idle time just before its activities, ns.
+    pub gap_ns: u64,
+    /// Occupancy × ns, over activities with a known occupancy.
+    pub occ_weighted: f64,
+    /// ns of activities with a known occupancy.
+    pub occ_ns: u64,
+    /// Bytes moved.
+    pub bytes: u64,
+}
+
+impl OpAgg {
+    fn add(&mut self, o: &OpAgg) {
+        self.gpu_ns += o.gpu_ns;
+        self.count += o.count;
+        self.gap_ns += o.gap_ns;
+        self.occ_weighted += o.occ_weighted;
+        self.occ_ns += o.occ_ns;
+        self.bytes += o.bytes;
+    }
+
+    fn occupancy(&self) -> Option<f64> {
+        (self.occ_ns > 0).then(|| self.occ_weighted / self.occ_ns as f64)
+    }
+}
+
+/// Most operators a profile keeps apart; the rest are summed under [`OVERFLOW`].
+pub const MAX_PROFILE_OPS: usize = 4096;
+
+/// Where a profile sums operators beyond [`MAX_PROFILE_OPS`].
+pub const OVERFLOW: &str = "(other operators)";
+
+/// A window's iterations summed, for attribution.
+#[derive(Clone, Debug, Default)]
+pub struct Profile {
+    /// Iterations.
+    pub iterations: u64,
+    /// Wall time, ns.
+    pub wall_ns: u64,
+    /// GPU idle before the first activity, ns.
+    pub idle_before_ns: u64,
+    /// Per operator.
+    pub ops: FxHashMap<Arc<str>, OpAgg>,
+    /// Operators' activities summed under [`OVERFLOW`] because the profile was full.
+    pub overflowed: u64,
+    /// Host deltas over the window.
+    pub host: HostDelta,
+}
+
+impl Profile {
+    /// Adds one iteration.
+    pub fn add_iteration(&mut self, it: &Iteration) {
+        self.iterations += 1;
+        self.wall_ns += it.wall_ns();
+        self.idle_before_ns += it.idle_before_first_ns;
+        for o in &it.ops {
+            let agg = OpAgg {
+                kind: o.kind,
+                gpu_ns: o.gpu_ns,
+                count: u64::from(o.kernels),
+                gap_ns: o.gap_ns,
+                occ_weighted: o.occupancy.map_or(0.0, |v| v * o.gpu_ns as f64),
+                occ_ns: if o.occupancy.is_some() { o.gpu_ns } else { 0 },
+                bytes: o.bytes,
+            };
+            self.add_op(&o.op, &agg);
+        }
+    }
+
+    fn add_op(&mut self, op: &Arc<str>, agg: &OpAgg) {
+        if let Some(e) = self.ops.get_mut(op) {
+            e.add(agg);
+            return;
+        }
+        if self.ops.len() >= MAX_PROFILE_OPS {
+            self.overflowed += agg.count;
+            let e = self.ops.entry(Arc::from(OVERFLOW)).or_default();
+            e.add(agg);
+            return;
+        }
+        self.ops.insert(op.clone(), *agg);
+    }
+
+    /// Adds another profile.
+    pub fn merge(&mut self, o: &Profile) {
+        self.iterations += o.iterations;
+        self.wall_ns += o.wall_ns;
+        self.idle_before_ns += o.idle_before_ns;
+        self.overflowed += o.overflowed;
+        for (k, v) in &o.ops {
+            self.add_op(k, v);
+        }
+        self.host.add(&o.host);
+    }
+
+    /// Mean wall time per iteration, ns.
+    pub fn mean_wall_ns(&self) -> f64 {
+        per(self.wall_ns, self.iterations)
+    }
+}
+
+fn per(v: u64, n: u64) -> f64 {
+    if n == 0 {
+        0.0
+    } else {
+        v as f64 / n as f64
+    }
+}
+
+/// One ranked operator.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Cause {
+    /// Operator label, or a pseudo-operator.
+    pub op: String,
+    /// Dimension.
+    pub dimension: Dimension,
+    /// Its contribution to the change of the mean iteration time, ns per iteration.
+    pub delta_ns: f64,
+    /// Its GPU time per iteration before and now, ns.
+    pub gpu_ns: (f64, f64),
+    /// Its launch gaps per iteration before and now, ns.
+    pub gap_ns: (f64, f64),
+    /// What changed, in words.
+    pub detail: String,
+}
+
+/// A host cause found in the same windows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostCause {
+    /// What, in words (`main threads waited 4.1 ms per iteration for a CPU`).
+    pub what: String,
+    /// How much it grew per iteration (ns, or events for retransmits).
+    pub delta: f64,
+}
+
+/// What made the iterations slower.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attribution {
+    /// Mean iteration time before and now, ns.
+    pub iteration_ns: (f64, f64),
+    /// Operators by contribution, largest first (at most [`TOP`]).
+    pub causes: Vec<Cause>,
+    /// Host causes that go with the top operator's dimension.
+    pub host: Vec<HostCause>,
+    /// Iterations compared (baseline, now).
+    pub iterations: (u64, u64),
+}
+
+/// Operators kept in an [`Attribution`].
+pub const TOP: usize = 5;
+
+impl Attribution {
+    /// The top cause.
+    pub fn top(&self) -> Option<&Cause> {
+        self.causes.first()
+    }
+
+    /// The causal chain, e.g. `iteration p99 +38% (17.3 ms → 23.9 ms) ← ncclDevKernel_AllReduce
+    /// +6.4 ms per iteration (communication) ← 214 TCP retransmits on 10.0.0.1:41000 ->
+    /// 10.0.0.2:29500`. `head` names the SLO and its change.
+    pub fn chain(&self, head: &str) -> String {
+        let mut s = head.to_owned();
+        if let Some(c) = self.top() {
+            let _ = write!(
+                s,
+                " ← {} {:+.2} ms per iteration ({}: {})",
+                c.op,
+                c.delta_ns / 1e6,
+                c.dimension.as_str(),
+                c.detail
+            );
+        }
+        if let Some(h) = self.host.first() {
+            let _ = write!(s, " ← {}", h.what);
+        }
+        s
+    }
+}
+
+/// Compares `now` with `baseline` (see the module docs). `None` when either has no iteration.
+pub fn attribute(baseline: &Profile, now: &Profile) -> Option<Attribution> {
+    if baseline.iterations == 0 || now.iterations == 0 {
+        return None;
+    }
+    let (nb, nn) = (baseline.iterations, now.iterations);
+    let empty = OpAgg::default();
+    let mut causes: Vec<Cause> = Vec::new();
+    let mut gap_growth: Vec<f64> = Vec::new();
+    let mut names: Vec<&Arc<str>> = now.ops.keys().chain(baseline.ops.keys()).collect();
+    names.sort();
+    names.dedup();
+    for op in names {
+        let b = baseline.ops.get(op).unwrap_or(&empty);
+        let n = now.ops.get(op).unwrap_or(&empty);
+        let gpu = (per(b.gpu_ns, nb), per(n.gpu_ns, nn));
+        let gap = (per(b.gap_ns, nb), per(n.gap_ns, nn));
+        let d_gpu = gpu.1 - gpu.0;
+        let d_gap = gap.1 - gap.0;
+        gap_growth.push(d_gap.max(0.0));
+        let kind = if n.count > 0 { n.kind } else { b.kind };
+        let (dimension, detail) = classify(kind, b, n, (nb, nn), d_gpu, d_gap);
+        causes.push(Cause {
+            op: op.to_string(),
+            dimension,
+            delta_ns: d_gpu + d_gap,
+            gpu_ns: gpu,
+            gap_ns: gap,
+            detail,
+        });
+    }
+    // Launch gaps grown everywhere rather than before one operator.
+    let total_gap: f64 = gap_growth.iter().sum();
+    let biggest_gap = gap_growth.iter().copied().fold(0.0, f64::max);
+    if total_gap > 0.0 && biggest_gap < 0.5 * total_gap {
+        let ops_grown = gap_growth
+            .iter()
+            .filter(|g| **g > 0.05 * total_gap / gap_growth.len() as f64)
+            .count();
+        causes.push(Cause {
+            op: LAUNCHES_OP.to_owned(),
+            dimension: Dimension::LaunchLatency,
+            delta_ns: total_gap,
+            gpu_ns: (0.0, 0.0),
+            gap_ns: (0.0, total_gap),
+            detail: format!("GPU idle between kernels grew before {ops_grown} operators"),
+        });
+        // Their gaps now count under the pseudo-operator.
+        for c in causes.iter_mut().filter(|c| c.op != LAUNCHES_OP) {
+            c.delta_ns -= (c.gap_ns.1 - c.gap_ns.0).max(0.0);
+        }
+    }
+    let idle = (
+        per(baseline.idle_before_ns, nb),
+        per(now.idle_before_ns, nn),
+    );
+    causes.push(Cause {
+        op: DATA_LOADING_OP.to_owned(),
+        dimension: Dimension::DataLoading,
+        delta_ns: idle.1 - idle.0,
+        gpu_ns: (0.0, 0.0),
+        gap_ns: idle,
+        detail: format!(
+            "GPU idle before the first kernel {} → {} per iteration",
+            ms(idle.0),
+            ms(idle.1)
+        ),
+    });
+    causes.sort_by(|a, b| {
+        b.delta_ns
+            .total_cmp(&a.delta_ns)
+            .then_with(|| a.op.cmp(&b.op))
+    });
+    causes.retain(|c| c.delta_ns > 0.0);
+    causes.truncate(TOP);
+    let host = causes
+        .first()
+        .map(|c| host_causes(c.dimension, &baseline.host, nb, &now.host, nn))
+        .unwrap_or_default();
+    Some(Attribution {
+        iteration_ns: (baseline.mean_wall_ns(), now.mean_wall_ns()),
+        causes,
+        host,
+        iterations: (nb, nn),
+    })
+}
+
+/// A duration in ms, for details.
+fn ms(ns: f64) -> String {
+    if ns.abs() >= 1e6 {
+        format!("{:.2} ms", ns / 1e6)
+    } else {
+        format!("{:.0} µs", ns / 1e3)
+    }
+}
+
+fn classify(
+    kind: OpKind,
+    b: &OpAgg,
+    n: &OpAgg,
+    (nb, nn): (u64, u64),
+    d_gpu: f64,
+    d_gap: f64,
+) -> (Dimension, String) {
+    let factor = if b.gpu_ns > 0 && n.count > 0 && b.count > 0 {
+        (n.gpu_ns as f64 / n.count as f64) / (b.gpu_ns as f64 / b.count as f64)
+    } else {
+        f64::NAN
+    };
+    let longer = if factor.is_finite() {
+        format!("{factor:.2}× longer each")
+    } else {
+        "new".to_owned()
+    };
+    if d_gap > d_gpu && d_gap > 0.0 {
+        return (
+            Dimension::LaunchLatency,
+            format!(
+                "GPU idle before it {} → {} per iteration",
+                ms(per(b.gap_ns, nb)),
+                ms(per(n.gap_ns, nn))
+            ),
+        );
+    }
+    match kind {
+        OpKind::Communication => (Dimension::Communication, format!("collective {longer}")),
+        OpKind::Memory => {
+            let bw = |a: &OpAgg| (a.gpu_ns > 0).then(|| a.bytes as f64 / a.gpu_ns as f64);
+            let detail = match (bw(b), bw(n)) {
+                (Some(x), Some(y)) => format!("{:.1} → {:.1} GB/s", x, y),
+                _ => longer,
+            };
+            (Dimension::MemoryBandwidth, detail)
+        }
+        _ => match (b.occupancy(), n.occupancy()) {
+            (Some(x), Some(y)) if y < x * 0.85 => (
+                Dimension::Occupancy,
+                format!(
+                    "theoretical occupancy {:.0}% → {:.0}%, kernels {longer}",
+                    100.0 * x,
+                    100.0 * y
+                ),
+            ),
+            _ => (
+                Dimension::Execution,
+                format!("kernels {longer}, same launch configuration"),
+            ),
+        },
+    }
+}
+
+/// Host changes per iteration that go with `dimension`, largest first.
+fn host_causes(
+    dimension: Dimension,
+    b: &HostDelta,
+    nb: u64,
+    n: &HostDelta,
+    nn: u64,
+) -> Vec<HostCause> {
+    let mut out = Vec::new();
+    let runq = |role: Role, out: &mut Vec<HostCause>| {
+        let before = per(b.role(role).runq_ns, nb);
+        let now = per(n.role(role).runq_ns, nn);
+        if now - before > 20_000.0 && now > 1.5 * before {
+            out.push(HostCause {
+                what: format!(
+                    "{} threads waited {} per iteration for a CPU (run queue; was {})",
+                    role.as_str(),
+                    ms(now),
+                    ms(before)
+                ),
+                delta: now - before,
+            });
+        }
+    };
+    let throttled = |out: &mut Vec<HostCause>| {
+        let before = per(b.throttled_ns, nb);
+        let now = per(n.throttled_ns, nn);
+        if now - before > 20_000.0 && now > 1.5 * before {
+            out.push(HostCause {
+                what: format!(
+                    "the job's cgroup was throttled {} per iteration (was {})",
+                    ms(now),
+                    ms(before)
+                ),
+                delta: now - before,
+            });
+        }
+    };
+    match dimension {
+        Dimension::LaunchLatency | Dimension::Execution | Dimension::Occupancy => {
+            runq(Role::Main, &mut out);
+            throttled(&mut out);
+        }
+        Dimension::DataLoading => {
+            runq(Role::DataLoader, &mut out);
+            runq(Role::PinMemory, &mut out);
+            throttled(&mut out);
+        }
+        Dimension::Communication => {
+            let before = per(b.role(Role::Communication).retransmits, nb);
+            let now = per(n.role(Role::Communication).retransmits, nn);
+            let total = n.role(Role::Communication).retransmits;
+            if total >= 3 && now > 2.0 * before {
+                let on = n
+                    .conns
+                    .first()
+                    .map(|c| format!(" on {}", c.label))
+                    .unwrap_or_default();
+                out.push(HostCause {
+                    what: format!(
+                        "{total} TCP retransmits{on} ({:.1} per iteration; was {:.1})",
+                        now, before
+                    ),
+                    delta: now - before,
+                });
+            }
+            runq(Role::Communication, &mut out);
+        }
+        Dimension::MemoryBandwidth => {
+            runq(Role::PinMemory, &mut out);
+        }
+    }
+    out.sort_by(|a, c| c.delta.total_cmp(&a.delta));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile(iterations: u64, ops: &[(&str, OpKind, u64, u64, f64)], idle: u64) -> Profile {
+        let mut p = Profile {
+            iterations,
+            wall_ns: iterations * 10_000_000,
+            idle_before_ns: idle * iterations,
+            ..Default::default()
+        };
+        for (name, kind, gpu, gap, occ) in ops {
+            p.ops.insert(
+                Arc::from(*name),
+                OpAgg {
+                    kind: *kind,
+                    gpu_ns: gpu * iterations,
+                    count: 2 * iterations,
+                    gap_ns: gap * iterations,
+                    occ_weighted: occ * (gpu * iterations) as f64,
+                    occ_ns: gpu * iterations,
+                    bytes: if *kind == OpKind::Memory { 1 << 20 } else { 0 } * iterations,
+                },
+            );
+        }
+        p
+    }
+
+    const C: OpKind = OpKind::Compute;
+
+    #[test]
+    fn the_slower_operator_ranks_first_with_its_dimension() {
+        let base = profile(
+            100,
+            &[("a", C, 1_000_000, 0, 1.0), ("b", C, 2_000_000, 0, 1.0)],
+            100_000,
+        );
+        // b: 2 ms → 5 ms, same occupancy: execution.
+        let now = profile(
+            50,
+            &[("a", C, 1_010_000, 0, 1.0), ("b", C, 5_000_000, 0, 1.0)],
+            100_000,
+        );
+        let a = attribute(&base, &now).expect("attribution");
+        let top = a.top().expect("top");
+        assert_eq!(
+            (top.op.as_str(), top.dimension),
+            ("b", Dimension::Execution)
+        );
+        assert!((top.delta_ns - 3_000_000.0).abs() < 1.0);
+        // Lower occupancy: occupancy.
+        let now = profile(
+            50,
+            &[("a", C, 1_000_000, 0, 1.0), ("b", C, 5_000_000, 0, 0.25)],
+            100_000,
+        );
+        let top = attribute(&base, &now).expect("a").causes[0].clone();
+        assert_eq!(
+            (top.op.as_str(), top.dimension),
+            ("b", Dimension::Occupancy)
+        );
+        assert!(top.detail.contains("100% → 25%"), "{}", top.detail);
+    }
+
+    #[test]
+    fn gaps_before_one_operator_and_everywhere() {
+        let ops = |gap_a, gap_b, gap_c| {
+            vec![
+                ("a", C, 1_000_000u64, gap_a, 1.0),
+                ("b", C, 1_000_000, gap_b, 1.0),
+                ("c", C, 1_000_000, gap_c, 1.0),
+            ]
+        };
+        let base = profile(100, &ops(10_000, 10_000, 10_000), 0);
+        let one = profile(100, &ops(10_000, 3_000_000, 10_000), 0);
+        let top = attribute(&base, &one).expect("a").causes[0].clone();
+        assert_eq!(
+            (top.op.as_str(), top.dimension),
+            ("b", Dimension::LaunchLatency)
+        );
+        let all = profile(100, &ops(1_000_000, 1_100_000, 900_000), 0);
+        let top = attribute(&base, &all).expect("a").causes[0].clone();
+        assert_eq!(
+            (top.op.as_str(), top.dimension),
+            (LAUNCHES_OP, Dimension::LaunchLatency)
+        );
+        assert!((top.delta_ns - 2_970_000.0).abs() < 1.0, "{top:?}");
+    }
+
+    #[test]
+    fn data_loading_and_memory_and_communication() {
+        let ops = |copy, comm| {
+            vec![
+                ("a", C, 1_000_000u64, 0u64, 1.0),
+                ("memcpy HtoD", OpKind::Memory, copy, 0, 0.0),
+                ("nccl", OpKind::Communication, comm, 0, 0.0),
+            ]
+        };
+        let base = profile(100, &ops(1_000_000, 1_000_000), 200_000);
+        let starved = profile(100, &ops(1_000_000, 1_000_000), 3_000_000);
+        let top = attribute(&base, &starved).expect("a").causes[0].clone();
+        assert_eq!(
+            (top.op.as_str(), top.dimension),
+            (DATA_LOADING_OP, Dimension::DataLoading)
+        );
+        let copy = profile(100, &ops(3_000_000, 1_000_000), 200_000);
+        let top = attribute(&base, &copy).expect("a").causes[0].clone();
+        assert_eq!(
+            (top.op.as_str(), top.dimension),
+            ("memcpy HtoD", Dimension::MemoryBandwidth)
+        );
+        let mut comm = profile(100, &ops(1_000_000, 4_000_000), 200_000);
+        comm.host.roles[crate::host::role_index(Role::Communication)].retransmits = 214;
+        comm.host.conns.push(crate::host::ConnHost {
+            label: "10.0.0.1:41000 -> 10.0.0.2:29500".into(),
+            role: Some(Role::Communication),
+            retransmits: 214,
+        });
+        let a = attribute(&base, &comm).expect("a");
+        let top = a.causes[0].clone();
+        assert_eq!(
+            (top.op.as_str(), top.dimension),
+            ("nccl", Dimension::Communication)
+        );
+        let chain = a.chain("iteration p99 +38%");
+        assert!(
+            chain.starts_with("iteration p99 +38% ← nccl +3.00 ms per iteration (communication")
+                && chain.ends_with("← 214 TCP retransmits on 10.0.0.1:41000 -> 10.0.0.2:29500 (2.1 per iteration; was 0.0)"),
+            "{chain}"
+        );
+    }
+
+    #[test]
+    fn profiles_are_bounded() {
+        let mut p = Profile::default();
+        for k in 0..(MAX_PROFILE_OPS + 100) {
+            p.add_op(
+                &Arc::from(format!("op{k}")),
+                &OpAgg {
+                    count: 1,
+                    gpu_ns: 1,
+                    ..Default::default()
+                },
+            );
+        }
+        assert_eq!(p.ops.len(), MAX_PROFILE_OPS + 1);
+        assert_eq!(p.overflowed, 100);
+        assert_eq!(p.ops[OVERFLOW].count, 100);
+        let mut q = p.clone();
+        q.merge(&p);
+        assert_eq!(q.ops.len(), MAX_PROFILE_OPS + 1);
+        assert_eq!(q.ops[OVERFLOW].count, 200);
+    }
+
+    #[test]
+    fn nothing_to_compare() {
+        assert!(attribute(&Profile::default(), &profile(1, &[], 0)).is_none());
+    }
+}
