@@ -186,7 +186,7 @@ pub struct OpTime {
 }
 
 /// One training iteration.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Iteration {
     /// Step number from the marker, or the detected index.
     pub step: u64,

@@ -18,8 +18,7 @@
 //! A violation opens after [`SloSpec::breach_windows`] consecutive breaching windows (never on
 //! a default threshold during learning) and closes after [`SloSpec::clear_windows`]
 //! consecutive windows back within the threshold by a 5% margin (hysteresis). Its severity is
-//! critical when the value is 1.5× past the threshold or the error budget burns 10× faster
-//! than allowed. Compliance is the share of windows meeting the threshold over
+//! critical when the value is 1.5× past the threshold, else a warning. Compliance is the share of windows meeting the threshold over
 //! [`SloSpec::compliance_windows`]; the burn rate is the share missing over the last
 //! [`SloSpec::burn_windows`], divided by the budget `1 − target`. The job's score is the
 //! weighted compliance of its nodes.
@@ -255,17 +254,13 @@ impl SloSpec {
     /// mean > 85% (35%), gradient-sync jitter P99 − P50 < 80 ms (25%); diagnostic nodes for the
     /// iteration median, launch gaps, data loading, run-queue delay of the main, loader and
     /// communication threads, cgroup throttling and TCP retransmits.
+    #[rustfmt::skip]
     pub fn default_nodes() -> Vec<NodeSpec> {
-        let n = |name: &str,
-                 parent: &str,
-                 metric,
-                 stat,
-                 objective,
-                 default_threshold,
-                 tolerance,
-                 floor,
-                 weight,
-                 role| NodeSpec {
+        use Metric::*;
+        use Objective::*;
+        use Stat::*;
+        let n = |name: &str, parent: &str, metric, stat, objective, default_threshold, tolerance,
+                 floor, weight, role| NodeSpec {
             name: name.to_owned(),
             parent: parent.to_owned(),
             metric,
@@ -279,142 +274,19 @@ impl SloSpec {
             target: 0.99,
             role,
         };
-        use Metric::*;
-        use Objective::*;
-        use Stat::*;
         vec![
-            n(
-                "iteration",
-                "",
-                IterationTime,
-                P99,
-                Below,
-                1200.0,
-                0.15,
-                0.2,
-                0.40,
-                None,
-            ),
-            n(
-                "iteration.median",
-                "iteration",
-                IterationTime,
-                P50,
-                Below,
-                1200.0,
-                0.10,
-                0.1,
-                0.0,
-                None,
-            ),
-            n(
-                "compute",
-                "",
-                GpuUtilisation,
-                Mean,
-                Above,
-                85.0,
-                0.10,
-                3.0,
-                0.35,
-                None,
-            ),
-            n(
-                "compute.launch_gaps",
-                "compute",
-                LaunchGaps,
-                Mean,
-                Below,
-                100.0,
-                0.30,
-                0.2,
-                0.0,
-                None,
-            ),
-            n(
-                "communication",
-                "",
-                CommTime,
-                Jitter,
-                Below,
-                80.0,
-                0.50,
-                1.0,
-                0.25,
-                None,
-            ),
-            n(
-                "data_loading",
-                "",
-                HostWait,
-                P99,
-                Below,
-                100.0,
-                0.50,
-                1.0,
-                0.0,
-                None,
-            ),
-            n(
-                "host.runqueue.main",
-                "",
-                RunqueueDelay,
-                Rate,
-                Below,
-                50.0,
-                1.0,
-                20.0,
-                0.0,
-                Some(Role::Main),
-            ),
-            n(
-                "host.runqueue.data_loader",
-                "",
-                RunqueueDelay,
-                Rate,
-                Below,
-                200.0,
-                1.0,
-                50.0,
-                0.0,
-                Some(Role::DataLoader),
-            ),
-            n(
-                "host.runqueue.communication",
-                "",
-                RunqueueDelay,
-                Rate,
-                Below,
-                50.0,
-                1.0,
-                20.0,
-                0.0,
-                Some(Role::Communication),
-            ),
-            n(
-                "host.throttling",
-                "",
-                Throttling,
-                Rate,
-                Below,
-                10.0,
-                1.0,
-                10.0,
-                0.0,
-                None,
-            ),
-            n(
-                "host.retransmits",
-                "",
-                Retransmits,
-                Rate,
-                Below,
-                1.0,
-                1.0,
-                5.0,
-                0.0,
-                Some(Role::Communication),
-            ),
+            // name                          parent       metric          stat    objective default tol   floor  weight role
+            n("iteration",                   "",          IterationTime,  P99,    Below,   1200.0, 0.15, 0.2,   0.40, None),
+            n("iteration.median",            "iteration", IterationTime,  P50,    Below,   1200.0, 0.10, 0.1,   0.0,  None),
+            n("compute",                     "",          GpuUtilisation, Mean,   Above,   85.0,   0.10, 3.0,   0.35, None),
+            n("compute.launch_gaps",         "compute",   LaunchGaps,     Mean,   Below,   100.0,  0.30, 0.2,   0.0,  None),
+            n("communication",               "",          CommTime,       Jitter, Below,   80.0,   0.50, 1.0,   0.25, None),
+            n("data_loading",                "",          HostWait,       Mean,   Below,   100.0,  0.50, 0.5,   0.0,  None),
+            n("host.runqueue.main",          "",          RunqueueDelay,  Rate,   Below,   50.0,   1.0,  20.0,  0.0,  Some(Role::Main)),
+            n("host.runqueue.data_loader",   "",          RunqueueDelay,  Rate,   Below,   200.0,  1.0,  50.0,  0.0,  Some(Role::DataLoader)),
+            n("host.runqueue.communication", "",          RunqueueDelay,  Rate,   Below,   50.0,   1.0,  20.0,  0.0,  Some(Role::Communication)),
+            n("host.throttling",             "",          Throttling,     Rate,   Below,   10.0,   1.0,  10.0,  0.0,  None),
+            n("host.retransmits",            "",          Retransmits,    Rate,   Below,   1.0,    1.0,  20.0,  0.0,  Some(Role::Communication)),
         ]
     }
 
@@ -567,7 +439,7 @@ impl ThresholdSource {
 pub enum Severity {
     /// Past the threshold.
     Warning,
-    /// 1.5× past it, or burning the error budget 10× too fast.
+    /// 1.5× past it.
     Critical,
 }
 
@@ -715,6 +587,8 @@ fn histogram() -> Histogram<u32> {
 
 struct Node {
     spec: NodeSpec,
+    /// Window length, s.
+    window_s: f64,
     /// The open window: histogram, sum and count of values.
     hist: Histogram<u32>,
     sum: f64,
@@ -741,8 +615,16 @@ impl Node {
         match self.baseline {
             None => (self.spec.default_threshold, ThresholdSource::Default),
             Some(b) => {
+                // Counts per second are Poisson-noisy: allow four standard deviations of the
+                // window's count on top.
+                let noise = match self.spec.metric {
+                    Metric::Retransmits => 4.0 * (b * self.window_s).sqrt() / self.window_s,
+                    _ => 0.0,
+                };
                 let t = match self.spec.objective {
-                    Objective::Below => (b * (1.0 + self.spec.tolerance)).max(b + self.spec.floor),
+                    Objective::Below => (b * (1.0 + self.spec.tolerance))
+                        .max(b + self.spec.floor)
+                        .max(b + noise),
                     Objective::Above => (b * (1.0 - self.spec.tolerance))
                         .min(b - self.spec.floor)
                         .max(0.0),
@@ -820,8 +702,9 @@ impl SloEngine {
         let nodes = spec
             .effective_nodes()
             .into_iter()
-            .map(|spec| Node {
-                spec,
+            .map(|node| Node {
+                spec: node,
+                window_s: spec.window_ms as f64 / 1000.0,
                 hist: histogram(),
                 sum: 0.0,
                 count: 0,
@@ -976,7 +859,13 @@ impl SloEngine {
                 if node.learning.len() >= spec.learn_windows as usize {
                     let mut v = std::mem::take(&mut node.learning);
                     v.sort_by(f64::total_cmp);
-                    node.baseline = Some(v[v.len() / 2]);
+                    // Tails vary from window to window more than centres: the upper quartile
+                    // of the learning windows for P99 and jitter, the median otherwise.
+                    let q = match node.spec.stat {
+                        Stat::P99 | Stat::Jitter => 0.75,
+                        _ => 0.5,
+                    };
+                    node.baseline = Some(v[((v.len() - 1) as f64 * q).round() as usize]);
                 }
             } else if met && node.open.is_none() {
                 if let Some(b) = node.baseline.as_mut() {
@@ -998,15 +887,11 @@ impl SloEngine {
                     breaching_iteration_nodes = true;
                 }
             }
-            let burn = node
-                .compliance(spec.burn_windows as usize)
-                .map(|c| (1.0 - c) / (1.0 - node.spec.target));
-            let severity =
-                if node.excess(value, threshold) >= 1.5 || burn.is_some_and(|b| b >= 10.0) {
-                    Severity::Critical
-                } else {
-                    Severity::Warning
-                };
+            let severity = if node.excess(value, threshold) >= 1.5 {
+                Severity::Critical
+            } else {
+                Severity::Warning
+            };
             match node.open {
                 Some(i) => {
                     let v = &mut self.violations[i];
@@ -1068,11 +953,13 @@ impl SloEngine {
         self.prune_violations();
     }
 
-    /// Whether every node has a baseline.
+    /// Whether every node that has seen a window has its threshold (explicit or learned), and
+    /// some node has seen one (nodes without data, e.g. host nodes without host samples, do
+    /// not hold learning up).
     fn learned(&self) -> bool {
-        self.nodes
-            .iter()
-            .all(|n| n.baseline.is_some() || n.spec.threshold.is_some())
+        let seen = || self.nodes.iter().filter(|n| n.windows > 0);
+        seen().next().is_some()
+            && seen().all(|n| n.baseline.is_some() || n.spec.threshold.is_some())
     }
 
     fn attribute_open(&mut self, which: &[usize]) {
@@ -1248,5 +1135,227 @@ impl SloEngine {
             nodes,
             violations,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::HostSample;
+
+    const MS: u64 = 1_000_000;
+
+    fn spec() -> SloSpec {
+        SloSpec {
+            window_ms: 1000,
+            learn_windows: 3,
+            warmup_iterations: 0,
+            ..SloSpec::default()
+        }
+    }
+
+    fn it(end_ns: u64, wall_ns: u64) -> Iteration {
+        Iteration {
+            start_ns: end_ns - wall_ns,
+            end_ns,
+            gpu_busy_ns: wall_ns * 9 / 10,
+            idle_before_first_ns: wall_ns / 20,
+            ..Default::default()
+        }
+    }
+
+    /// Feeds `secs` seconds of iterations of `wall(t)` ms, 1.6 ms apart or their length.
+    fn run(e: &mut SloEngine, from_s: u64, secs: u64, wall_ms: impl Fn(u64) -> f64) {
+        let mut t = from_s * 1000 * MS;
+        let end = (from_s + secs) * 1000 * MS;
+        while t < end {
+            let w = (wall_ms(t) * MS as f64) as u64;
+            t += w;
+            e.push_iteration(&it(t, w));
+            e.advance(t);
+        }
+        e.advance(end);
+    }
+
+    #[test]
+    fn a_fast_job_is_judged_by_its_own_baseline() {
+        let mut e = SloEngine::new(spec()).expect("spec");
+        // 1.6 ms steps: the 1200 ms default is no use; the baseline is.
+        run(&mut e, 0, 5, |_| 1.6);
+        let s = e.snapshot();
+        assert!(!s.learning || s.node("host.throttling").is_some());
+        let n = s.node("iteration").expect("node");
+        let (t, src) = n.threshold.expect("threshold");
+        assert_eq!(src, ThresholdSource::Baseline);
+        assert!((t - 1.6 * 1.15).abs() < 0.01, "{t}");
+        assert!(e.violations().is_empty());
+        // 2.2 ms steps: +37%: a violation after two windows, warning (1.2× the threshold).
+        run(&mut e, 5, 3, |_| 2.2);
+        let v = e
+            .violations()
+            .iter()
+            .find(|v| v.node == "iteration")
+            .expect("violation");
+        assert_eq!(v.severity, Severity::Warning);
+        assert_eq!(v.opened_ns, 7000 * MS);
+        assert!(
+            v.chain.starts_with("iteration p99 +38% (1.60 → 2.20 ms"),
+            "{}",
+            v.chain
+        );
+        let a = v.attribution.as_ref().expect("attribution");
+        assert!(
+            (a.iteration_ns.1 / a.iteration_ns.0 - 2.2 / 1.6).abs() < 0.01,
+            "{a:?}"
+        );
+        assert_eq!(
+            e.snapshot().node("iteration").map(|n| n.state),
+            Some(NodeState::Violated(Severity::Warning))
+        );
+        // Back to 1.6 ms: closed after three good windows.
+        run(&mut e, 8, 2, |_| 1.6);
+        assert!(e.violations()[0].closed_ns.is_none());
+        run(&mut e, 10, 1, |_| 1.6);
+        assert_eq!(e.violations()[0].closed_ns, Some(11_000 * MS));
+    }
+
+    #[test]
+    fn hysteresis_needs_a_margin_to_clear() {
+        let mut e = SloEngine::new(spec()).expect("spec");
+        run(&mut e, 0, 3, |_| 10.0);
+        run(&mut e, 3, 3, |_| 20.0);
+        assert_eq!(e.violations().len(), 2, "p99 and median");
+        // Just under the threshold (11.5 ms): met, but not by the 5% margin: stays open.
+        run(&mut e, 6, 5, |_| 11.4);
+        assert!(e
+            .violations()
+            .iter()
+            .any(|v| v.node == "iteration" && v.closed_ns.is_none()));
+        run(&mut e, 11, 3, |_| 10.0);
+        assert!(e.violations().iter().all(|v| v.closed_ns.is_some()));
+    }
+
+    #[test]
+    fn defaults_never_open_during_learning_but_explicit_thresholds_do() {
+        // 2 s steps break the 1200 ms default, but that is just learning.
+        let mut e = SloEngine::new(spec()).expect("spec");
+        run(&mut e, 0, 10, |_| 2000.0);
+        assert!(e.violations().iter().all(|v| v.node != "iteration"));
+        let mut s = spec();
+        let mut nodes = SloSpec::default_nodes();
+        nodes[0].threshold = Some(1200.0);
+        s.nodes = nodes;
+        let mut e = SloEngine::new(s).expect("spec");
+        run(&mut e, 0, 10, |_| 2000.0);
+        let v = e
+            .violations()
+            .iter()
+            .find(|v| v.node == "iteration")
+            .expect("violation");
+        assert!(v.opened_ns <= 5000 * MS, "{v:?}");
+        assert_eq!(v.threshold, 1200.0);
+        assert_eq!(
+            v.severity,
+            Severity::Critical,
+            "2000 ms is 1.67× the threshold"
+        );
+    }
+
+    #[test]
+    fn a_stalled_job_breaches() {
+        let mut e = SloEngine::new(spec()).expect("spec");
+        run(&mut e, 0, 4, |_| 10.0);
+        // No iteration for 3 s.
+        e.advance(7000 * MS);
+        let n = e.snapshot().node("iteration").cloned().expect("node");
+        assert!(n.value.expect("value") > 2000.0, "{n:?}");
+        assert!(e.violations().iter().any(|v| v.node == "iteration"));
+    }
+
+    #[test]
+    fn compliance_burn_rate_and_score() {
+        let mut e = SloEngine::new(spec()).expect("spec");
+        run(&mut e, 0, 10, |_| 10.0);
+        run(&mut e, 10, 2, |_| 30.0);
+        let s = e.snapshot();
+        let n = s.node("iteration").expect("node");
+        assert_eq!(n.windows, 12);
+        assert!((n.compliance.expect("c") - 10.0 / 12.0).abs() < 1e-9);
+        // 2 of 12 windows missed against a 1% budget.
+        assert!((n.burn_rate.expect("b") - (2.0 / 12.0) / 0.01).abs() < 1e-6);
+        let root = &s.nodes[0];
+        assert_eq!(root.name, ROOT);
+        assert!(root.compliance.expect("score") < 1.0);
+        let (p50, p99, _) = n.sliding.expect("sliding");
+        assert!(p50 > 9.9 && p99 > 29.0, "{p50} {p99}");
+    }
+
+    #[test]
+    fn host_rates_come_from_the_host_counters() {
+        let mut e = SloEngine::new(spec()).expect("spec");
+        for k in 0..=60 {
+            let mut h = HostSample {
+                at_ns: k * 100 * MS,
+                ..Default::default()
+            };
+            // 10 ms of run-queue wait per second for the main thread, 300 after 4 s.
+            let runq = if k <= 40 {
+                k * MS
+            } else {
+                40 * MS + (k - 40) * 30 * MS
+            };
+            h.role_mut(Role::Main).runq_ns = runq;
+            e.push_host(h);
+        }
+        run(&mut e, 0, 6, |_| 10.0);
+        let n = e
+            .snapshot()
+            .node("host.runqueue.main")
+            .cloned()
+            .expect("node");
+        assert!((n.baseline.expect("baseline") - 10.0).abs() < 0.5, "{n:?}");
+        assert!((n.value.expect("value") - 300.0).abs() < 1.0, "{n:?}");
+        assert!(e
+            .violations()
+            .iter()
+            .any(|v| v.node == "host.runqueue.main"));
+    }
+
+    #[test]
+    fn invalid_specs_say_what_is_wrong() {
+        let with = |f: &dyn Fn(&mut Vec<NodeSpec>)| {
+            let mut s = spec();
+            let mut n = SloSpec::default_nodes();
+            f(&mut n);
+            s.nodes = n;
+            s.validate().map_err(|e| e.to_string())
+        };
+        assert!(with(&|_| {}).is_ok());
+        let e = with(&|n| n[1].name = "iteration".into()).unwrap_err();
+        assert!(e.contains("node \"iteration\" is defined twice"), "{e}");
+        let e = with(&|n| n[1].parent = "nope".into()).unwrap_err();
+        assert!(e.contains("parent \"nope\" is not a node"), "{e}");
+        let e = with(&|n| n[0].stat = Stat::Rate).unwrap_err();
+        assert!(e.contains("is per iteration: use p50"), "{e}");
+        let e = with(&|n| n[6].stat = Stat::P99).unwrap_err();
+        assert!(e.contains("use stat = \"rate\""), "{e}");
+        let e = with(&|n| n[6].role = None).unwrap_err();
+        assert!(e.contains("needs a role"), "{e}");
+        let e = with(&|n| n.iter_mut().for_each(|x| x.weight = 0.0)).unwrap_err();
+        assert!(e.contains("weights sum to 0"), "{e}");
+        let e = with(&|n| {
+            n[0].parent = "iteration.median".into();
+        })
+        .unwrap_err();
+        assert!(e.contains("cycle"), "{e}");
+        let e = with(&|n| n[0].tolerance = f64::NAN).unwrap_err();
+        assert!(e.contains("finite"), "{e}");
+        let mut s = spec();
+        s.window_ms = 10;
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("window_ms = 10"));
     }
 }

@@ -274,6 +274,8 @@ pub struct Case {
     pub spec: JobSpec,
     /// The fault.
     pub fault: Fault,
+    /// A second, smaller change at the same time: compute operator and duration factor.
+    pub secondary: Option<(usize, f64)>,
     /// Fault onset, ns after the job's start.
     pub onset_ns: u64,
     /// Length of the job, ns.
@@ -322,7 +324,8 @@ pub const ONSET_NS: u64 = 12_000_000_000;
 pub const CASE_NS: u64 = 20_000_000_000;
 
 /// `per_kind` cases of every kind in [`KINDS`], from `seed`. Fault sizes are drawn so that the
-/// mean iteration grows by 15–50%.
+/// mean iteration grows by 12–50%; in a third of the faulty cases a second operator slows
+/// down too, by a third as much.
 pub fn cases(per_kind: usize, seed: u64) -> Vec<Case> {
     let mut out = Vec::new();
     for k in 0..per_kind {
@@ -345,7 +348,7 @@ pub fn case(kind: &'static str, seed: u64) -> Case {
         JobSpec::gpu_bound(&mut rng)
     };
     let base = estimate_iteration_ns(&spec);
-    let grow = rng.range(0.15, 0.5) * base as f64;
+    let grow = rng.range(0.12, 0.5) * base as f64;
     // The faulty operator: one with at least 5% of the iteration (a 100× slower loss kernel
     // is not a realistic incident).
     let weights = spec.op_weights();
@@ -377,7 +380,7 @@ pub fn case(kind: &'static str, seed: u64) -> Case {
             gap_ns: grow as u64,
         },
         "comm_jitter" => Fault::CommJitter {
-            extra_ns: grow as u64,
+            extra_ns: (grow + allreduce_slack_ns(&spec).max(0.0)) as u64,
             retransmits: 20 + rng.below(200) as u64,
         },
         "loader_starvation" => Fault::LoaderStarvation {
@@ -388,14 +391,38 @@ pub fn case(kind: &'static str, seed: u64) -> Case {
         },
         _ => Fault::None,
     };
+    let secondary = (fault != Fault::None && rng.unit() < 1.0 / 3.0 && heavy.len() > 1)
+        .then(|| {
+            let other = heavy[rng.below(heavy.len())];
+            (other != op).then(|| (other, 1.0 + grow / 3.0 / (weights[other] * unit)))
+        })
+        .flatten();
     Case {
         seed,
         kind,
         spec,
         fault,
+        secondary,
         onset_ns: ONSET_NS,
         duration_ns: CASE_NS,
     }
+}
+
+/// After which compute operator the all-reduce is launched: the middle of the backward pass.
+fn allreduce_launch_index(spec: &JobSpec) -> usize {
+    let n = spec.compute_ops().len();
+    // Forward ops, the loss, then backward ops, then the optimizer.
+    let backward_start = 2 * spec.blocks + 1;
+    (backward_start + spec.blocks).min(n - 2)
+}
+
+/// GPU time of the compute work the all-reduce overlaps, ns (what a slower all-reduce hides
+/// before it shows).
+fn allreduce_slack_ns(spec: &JobSpec) -> f64 {
+    let unit = (spec.kernel_ns * spec.kernels_per_op as u64) as f64;
+    let w = spec.op_weights();
+    let after = allreduce_launch_index(spec);
+    w[after + 1..].iter().sum::<f64>() * unit - spec.allreduce_ns as f64
 }
 
 /// An iteration's length without noise or faults, ns (roughly: the slower of host and GPU).
@@ -429,6 +456,9 @@ const T0: u64 = 1_000_000_000_000;
 /// Host sampling period, ns.
 const HOST_PERIOD: u64 = 100_000_000;
 
+/// The stream NCCL runs on (its own, overlapping the compute stream).
+const COMM_STREAM: u32 = 13;
+
 /// Id of the all-reduce kernel's name string.
 const ALLREDUCE_NAME_ID: u32 = 1;
 
@@ -438,6 +468,10 @@ struct Sim<'a> {
     out: Trace,
     host: u64,
     gpu: u64,
+    /// Where the communication stream is busy until.
+    comm: u64,
+    /// Factor on every kernel's duration now (the GPU clock wanders a little).
+    clock: f64,
     sample: HostSample,
     next_sample: u64,
     corr: u32,
@@ -492,9 +526,16 @@ impl Sim<'_> {
         let launch_cost = (self.case.spec.launch_cpu_ns as f64 * self.rng.jitter(0.05)) as u64;
         self.host_work(launch_cost, runq);
         let launch = self.host;
-        let start = self.gpu.max(launch + 4_000);
+        let dur_ns = (dur_ns as f64 * self.clock) as u64;
+        // The all-reduce waits for the gradients: the compute kernels launched before it.
+        let (lane, after) = if stream == COMM_STREAM {
+            (&mut self.comm, self.gpu)
+        } else {
+            (&mut self.gpu, 0)
+        };
+        let start = (*lane).max(launch + 4_000).max(after);
         let end = start + dur_ns.max(1_000);
-        self.gpu = end;
+        *lane = end;
         self.corr += 1;
         let k = GpuKernelRecord {
             header: RecordHeader::of::<GpuKernelRecord>(),
@@ -533,6 +574,8 @@ pub fn generate(case: &Case) -> Trace {
         out: Trace::default(),
         host: T0,
         gpu: T0,
+        comm: T0,
+        clock: 1.0,
         sample: HostSample::default(),
         next_sample: T0,
         corr: 0,
@@ -558,8 +601,16 @@ pub fn generate(case: &Case) -> Trace {
     }
     let end = T0 + case.duration_ns;
     let mut step = 0u64;
+    let mut next_clock = T0;
+    // DDP launches the all-reduce once half of the backward pass has produced its gradients;
+    // it overlaps the rest.
+    let allreduce_after = allreduce_launch_index(spec);
     while sim.host < end {
         sim.sample_until(sim.host);
+        if sim.host >= next_clock {
+            sim.clock = sim.rng.range(0.97, 1.03);
+            next_clock += 2_000_000_000;
+        }
         let faulty = sim.faulty();
         let begin = sim.host;
         sim.push(&StepRecord {
@@ -569,8 +620,11 @@ pub fn generate(case: &Case) -> Trace {
             tid: 100,
             phase: STEP_BEGIN,
         });
-        // Wait for the batch.
+        // Wait for the batch (now and then much longer: a worker's garbage collection).
         let mut loader = (spec.loader_ns as f64 * sim.rng.jitter(0.1)) as u64;
+        if sim.rng.unit() < 0.02 {
+            loader = (loader as f64 * sim.rng.range(3.0, 6.0)) as u64;
+        }
         if let (true, Fault::LoaderStarvation { extra_ns }) = (faulty, &case.fault) {
             let extra = (*extra_ns as f64 * sim.rng.jitter(0.15)) as u64;
             loader += extra;
@@ -619,9 +673,33 @@ pub fn generate(case: &Case) -> Trace {
             flags: 0,
         };
         sim.push(&m);
+        let mut ar = spec.allreduce_ns as f64 * sim.rng.jitter(spec.jitter);
+        if let (
+            true,
+            Fault::CommJitter {
+                extra_ns,
+                retransmits,
+            },
+        ) = (faulty, &case.fault)
+        {
+            ar += *extra_ns as f64 * sim.rng.range(0.3, 1.7);
+            let n = (*retransmits as f64 * sim.rng.range(0.5, 1.5)) as u64;
+            sim.sample.role_mut(Role::Communication).retransmits += n;
+            sim.sample.conns[0].retransmits += n;
+        } else if sim.rng.unit() < 0.5 * estimate_iteration_ns(spec) as f64 / 1e9 {
+            // About one burst every two seconds.
+            let n = 1 + sim.rng.below(3) as u64;
+            sim.sample.role_mut(Role::Communication).retransmits += n;
+            sim.sample.conns[0].retransmits += n;
+        }
         for (i, weight) in weights.iter().enumerate() {
             let mut factor = *weight;
             let (mut block, mut regs) = (256, 32);
+            if let (true, Some((op, f))) = (faulty, case.secondary) {
+                if op == i {
+                    factor *= f;
+                }
+            }
             if faulty {
                 match &case.fault {
                     Fault::SlowKernel { op, factor: f } if *op == i => factor *= *f,
@@ -655,25 +733,12 @@ pub fn generate(case: &Case) -> Trace {
                     runq,
                 );
             }
+            if i == allreduce_after {
+                sim.kernel(ALLREDUCE_NAME_ID, 0, ar as u64, 512, 64, COMM_STREAM, 0);
+            }
         }
-        // Gradients all-reduced (exposed at the end of the backward pass).
-        let mut ar = spec.allreduce_ns as f64 * sim.rng.jitter(spec.jitter);
-        if let (
-            true,
-            Fault::CommJitter {
-                extra_ns,
-                retransmits,
-            },
-        ) = (faulty, &case.fault)
-        {
-            ar += *extra_ns as f64 * sim.rng.range(0.3, 1.7);
-            let n = (*retransmits as f64 * sim.rng.range(0.5, 1.5)) as u64;
-            sim.sample.role_mut(Role::Communication).retransmits += n;
-            sim.sample.conns[0].retransmits += n;
-        }
-        sim.kernel(ALLREDUCE_NAME_ID, 0, ar as u64, 512, 64, 13, 0);
         // The step ends with a sync (the loss read back), then the loop's own work.
-        sim.host = sim.host.max(sim.gpu);
+        sim.host = sim.host.max(sim.gpu).max(sim.comm);
         sim.push(&StepRecord {
             header: RecordHeader::of::<StepRecord>(),
             step,
@@ -704,6 +769,8 @@ pub struct Outcome {
     pub truth: Option<Truth>,
     /// Violations opened before the fault's onset (false alarms).
     pub early: usize,
+    /// Their nodes and chains.
+    pub early_chains: Vec<String>,
     /// Violations opened at or after the onset.
     pub after: usize,
     /// The top cause of the first violation after the onset that has an attribution.
@@ -778,6 +845,11 @@ pub fn run_case(case: &Case, spec: &SloSpec) -> Outcome {
         seed: case.seed,
         truth: case.truth(),
         early: vs.iter().filter(|v| v.opened_ns < onset).count(),
+        early_chains: vs
+            .iter()
+            .filter(|v| v.opened_ns < onset)
+            .map(|v| v.chain.clone())
+            .collect(),
         after: vs.iter().filter(|v| v.opened_ns >= onset).count(),
         top: first
             .and_then(|v| v.attribution.as_ref())
@@ -885,8 +957,8 @@ mod tests {
             lines.push(format!("{kind}: {ok}/{}", of.len()));
             for o in of.iter().filter(|o| !o.correct()) {
                 eprintln!(
-                    "wrong: {kind} seed {}: truth {:?}, top {:?}, early {}, after {}\n  {}",
-                    o.seed, o.truth, o.top, o.early, o.after, o.chain
+                    "wrong: {kind} seed {}: truth {:?}, top {:?}, early {}, after {}\n  {}\n  early: {:?}",
+                    o.seed, o.truth, o.top, o.early, o.after, o.chain, o.early_chains
                 );
             }
         }
