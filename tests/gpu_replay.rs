@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 
 use slo_probe_common::{AnyRecord, RecordIter};
+
 use slo_probe_core::{
     gpu::{GpuHistory, GpuSample, GpuSnapshot},
     gputrace::{Iteration, TraceAssembler},
@@ -262,4 +263,187 @@ fn replayed_iterations_align_to_nvml_samples() {
         its.len()
     );
     assert!(straddling > 5, "{straddling}");
+}
+
+/// The SLO engine over the recorded H200 jobs (healthy runs): the tree comes out with the
+/// job's own figures and no violation opens.
+#[test]
+fn the_slo_engine_judges_the_recorded_jobs_healthy() {
+    use slo_probe_core::slo::{SloEngine, SloSpec};
+    for name in ["h200-eager.bin", "h200-graphs.bin"] {
+        let (_, mut its, _) = replay(name);
+        its.sort_by_key(|i| i.end_ns);
+        // 300 steps of ~17 ms: 500 ms windows, learned over the first three after warm-up.
+        let spec = SloSpec {
+            window_ms: 500,
+            learn_windows: 3,
+            ..SloSpec::default()
+        };
+        let mut e = SloEngine::new(spec).expect("spec");
+        for i in &its {
+            e.push_iteration(i);
+            e.advance(i.end_ns);
+        }
+        let s = e.snapshot();
+        let iteration = s.node("iteration").expect("iteration node");
+        let compute = s.node("compute").expect("compute node");
+        eprintln!(
+            "{name}: {} windows, {} iterations; iteration p99 {:?} ms (baseline {:?}, threshold \
+             {:?}), GPU utilisation {:?}% (baseline {:?}); violations {:?}",
+            s.windows,
+            s.iterations,
+            iteration.value,
+            iteration.baseline,
+            iteration.threshold,
+            compute.value,
+            compute.baseline,
+            s.violations.iter().map(|v| &v.chain).collect::<Vec<_>>()
+        );
+        assert!(s.windows >= 8, "{}", s.windows);
+        assert_eq!(s.iterations, 280);
+        let p99 = iteration.value.expect("p99");
+        assert!((15.0..30.0).contains(&p99), "{p99}");
+        let util = compute.value.expect("utilisation");
+        assert!(util > 80.0, "{util}");
+        assert!(!s.learning);
+        assert!(s.violations.is_empty(), "{:?}", s.violations);
+    }
+}
+
+/// Rewrites a recorded trace so that, from step `from` on, operator `op`'s kernels run
+/// `factor` times longer: everything on the GPU after each of them in the step, the step's end
+/// and every later step move by the extra time (the host launched ahead of the GPU, so launch
+/// times within the step stay).
+fn slow_down(data: &[u8], op: &str, from: u64, factor: f64) -> Vec<u8> {
+    use slo_probe_common::{
+        decode, decode_as,
+        gpu::{STEP_BEGIN, STEP_END, STRING_OP},
+        GpuKernelRecord, GpuMemRecord, Record, StepRecord,
+    };
+    // First pass: the operator's id, the steps' windows, the slowed kernels' starts and extras.
+    let mut op_id = None;
+    let mut steps: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    let mut kernels: Vec<(u64, u64)> = Vec::new();
+    for r in RecordIter::new(data).flatten() {
+        match r {
+            AnyRecord::String(s) if s.kind == STRING_OP && s.bytes == op.as_bytes() => {
+                op_id = Some(s.id)
+            }
+            AnyRecord::Step(s) => {
+                let e = steps.entry(s.step).or_default();
+                match s.phase {
+                    STEP_BEGIN => e.0 = s.ts_ns,
+                    STEP_END => e.1 = s.ts_ns,
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+    let op_id = op_id.expect("operator in the trace");
+    let first = steps[&from].0;
+    for r in RecordIter::new(data).flatten() {
+        if let AnyRecord::GpuKernel(k) = r {
+            if k.op_id == op_id && k.launch_ns >= first {
+                let extra = ((k.end_ns - k.start_ns) as f64 * (factor - 1.0)) as u64;
+                kernels.push((k.start_ns, extra));
+            }
+        }
+    }
+    kernels.sort_unstable();
+    // Extra time accumulated before GPU time `t`, and before the end of the step holding `t`.
+    let before = |t: u64| -> u64 {
+        kernels
+            .iter()
+            .take_while(|(s, _)| *s < t)
+            .map(|(_, e)| *e)
+            .sum()
+    };
+    let ends: Vec<u64> = steps.values().map(|w| w.1).collect();
+    let host_shift = |t: u64| -> u64 {
+        // Everything before the end of the last step that ended before `t`.
+        let end = ends.iter().copied().filter(|e| *e < t).max().unwrap_or(0);
+        before(end)
+    };
+    let mut out = Vec::with_capacity(data.len());
+    let mut off = 0;
+    while off < data.len() {
+        let (r, used) = decode(&data[off..]).expect("decodes");
+        let bytes = &data[off..off + used];
+        off += used;
+        match r {
+            AnyRecord::GpuKernel(_) => {
+                let mut k: GpuKernelRecord = decode_as(bytes).expect("kernel");
+                let slowed = kernels.binary_search_by_key(&k.start_ns, |(s, _)| *s).ok();
+                let shift = before(k.start_ns);
+                k.launch_ns += host_shift(k.launch_ns);
+                k.start_ns += shift;
+                k.end_ns += shift + slowed.map_or(0, |i| kernels[i].1);
+                out.extend_from_slice(k.as_bytes());
+            }
+            AnyRecord::GpuMem(_) => {
+                let mut m: GpuMemRecord = decode_as(bytes).expect("memory");
+                let shift = before(m.start_ns);
+                m.launch_ns += host_shift(m.launch_ns);
+                m.start_ns += shift;
+                m.end_ns += shift;
+                out.extend_from_slice(m.as_bytes());
+            }
+            AnyRecord::Step(_) => {
+                let mut s: StepRecord = decode_as(bytes).expect("step");
+                s.ts_ns += if s.phase == STEP_END {
+                    before(s.ts_ns)
+                } else {
+                    host_shift(s.ts_ns)
+                };
+                out.extend_from_slice(s.as_bytes());
+            }
+            _ => out.extend_from_slice(bytes),
+        }
+    }
+    out
+}
+
+/// A cause injected into a recorded H200 job: from step 200 on, `blocks.2.down` runs 8× longer.
+/// The engine opens a violation and attribution names that operator, as an execution slowdown.
+#[test]
+fn an_operator_slowed_down_in_a_recorded_job_is_found() {
+    use slo_probe_core::{
+        attribution::Dimension,
+        slo::{SloEngine, SloSpec},
+    };
+    let path = format!("{}/fixtures/gpu/h200-eager.bin", env!("CARGO_MANIFEST_DIR"));
+    let data = std::fs::read(&path).expect("fixture");
+    let slowed = slow_down(&data, "blocks.2.down", 200, 8.0);
+    let mut asm = TraceAssembler::new();
+    asm.set_limits(SmLimits::for_capability(9, 0));
+    for r in RecordIter::new(&slowed) {
+        asm.push(&r.expect("rewritten records decode"));
+    }
+    let mut its = asm.take_iterations(0, 0, true);
+    assert_eq!(its.len(), 300);
+    its.sort_by_key(|i| i.end_ns);
+    let mut e = SloEngine::new(SloSpec {
+        window_ms: 500,
+        learn_windows: 3,
+        ..SloSpec::default()
+    })
+    .expect("spec");
+    for i in &its {
+        e.push_iteration(i);
+        e.advance(i.end_ns);
+    }
+    let v = e
+        .violations()
+        .iter()
+        .find(|v| v.attribution.is_some())
+        .expect("a violation with an attribution");
+    eprintln!("{}", v.chain);
+    let onset = its[200].start_ns;
+    assert!(v.opened_ns > onset, "opened before the slowdown");
+    let top = v.attribution.as_ref().and_then(|a| a.top()).expect("top cause");
+    assert_eq!(
+        (top.op.as_str(), top.dimension),
+        ("blocks.2.down", Dimension::Execution)
+    );
 }
