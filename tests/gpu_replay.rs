@@ -441,7 +441,11 @@ fn an_operator_slowed_down_in_a_recorded_job_is_found() {
     eprintln!("{}", v.chain);
     let onset = its[200].start_ns;
     assert!(v.opened_ns > onset, "opened before the slowdown");
-    let top = v.attribution.as_ref().and_then(|a| a.top()).expect("top cause");
+    let top = v
+        .attribution
+        .as_ref()
+        .and_then(|a| a.top())
+        .expect("top cause");
     assert_eq!(
         (top.op.as_str(), top.dimension),
         ("blocks.2.down", Dimension::Execution)

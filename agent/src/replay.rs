@@ -100,6 +100,8 @@ pub fn replay(
         iterations_total: iterations.len() as u64,
         iterations,
         graph_ops: asm.graph_ops().unwrap_or_default(),
+        ops_overflowed: asm.ops_overflowed(),
+        strings_dropped: asm.strings_dropped,
         ..Default::default()
     };
     Ok(Replayed {

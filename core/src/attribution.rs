@@ -98,6 +98,29 @@ impl OpAgg {
     }
 }
 
+/// An operator label as a map key: equal when the same allocation (the assembler hands out one
+/// `Arc` per label, so lookups rarely compare bytes) or the same text.
+#[derive(Clone, Debug, Eq, PartialOrd, Ord)]
+pub struct OpName(pub Arc<str>);
+
+impl PartialEq for OpName {
+    fn eq(&self, o: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &o.0) || *self.0 == *o.0
+    }
+}
+
+impl std::hash::Hash for OpName {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.0.hash(h);
+    }
+}
+
+impl std::borrow::Borrow<str> for OpName {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 /// Most operators a profile keeps apart; the rest are summed under [`OVERFLOW`].
 pub const MAX_PROFILE_OPS: usize = 4096;
 
@@ -114,7 +137,7 @@ pub struct Profile {
     /// GPU idle before the first activity, ns.
     pub idle_before_ns: u64,
     /// Per operator.
-    pub ops: FxHashMap<Arc<str>, OpAgg>,
+    pub ops: FxHashMap<OpName, OpAgg>,
     /// Operators' activities summed under [`OVERFLOW`] because the profile was full.
     pub overflowed: u64,
     /// Host deltas over the window.
@@ -142,17 +165,18 @@ impl Profile {
     }
 
     fn add_op(&mut self, op: &Arc<str>, agg: &OpAgg) {
-        if let Some(e) = self.ops.get_mut(op) {
+        let key = OpName(op.clone());
+        if let Some(e) = self.ops.get_mut(&key) {
             e.add(agg);
             return;
         }
         if self.ops.len() >= MAX_PROFILE_OPS {
             self.overflowed += agg.count;
-            let e = self.ops.entry(Arc::from(OVERFLOW)).or_default();
+            let e = self.ops.entry(OpName(Arc::from(OVERFLOW))).or_default();
             e.add(agg);
             return;
         }
-        self.ops.insert(op.clone(), *agg);
+        self.ops.insert(key, *agg);
     }
 
     /// Adds another profile.
@@ -162,7 +186,7 @@ impl Profile {
         self.idle_before_ns += o.idle_before_ns;
         self.overflowed += o.overflowed;
         for (k, v) in &o.ops {
-            self.add_op(k, v);
+            self.add_op(&k.0, v);
         }
         self.host.add(&o.host);
     }
@@ -260,7 +284,7 @@ pub fn attribute(baseline: &Profile, now: &Profile) -> Option<Attribution> {
     let empty = OpAgg::default();
     let mut causes: Vec<Cause> = Vec::new();
     let mut gap_growth: Vec<f64> = Vec::new();
-    let mut names: Vec<&Arc<str>> = now.ops.keys().chain(baseline.ops.keys()).collect();
+    let mut names: Vec<&OpName> = now.ops.keys().chain(baseline.ops.keys()).collect();
     names.sort();
     names.dedup();
     for op in names {
@@ -274,7 +298,7 @@ pub fn attribute(baseline: &Profile, now: &Profile) -> Option<Attribution> {
         let kind = if n.count > 0 { n.kind } else { b.kind };
         let (dimension, detail) = classify(kind, b, n, (nb, nn), d_gpu, d_gap);
         causes.push(Cause {
-            op: op.to_string(),
+            op: op.0.to_string(),
             dimension,
             delta_ns: d_gpu + d_gap,
             gpu_ns: gpu,
@@ -491,7 +515,7 @@ mod tests {
         };
         for (name, kind, gpu, gap, occ) in ops {
             p.ops.insert(
-                Arc::from(*name),
+                OpName(Arc::from(*name)),
                 OpAgg {
                     kind: *kind,
                     gpu_ns: gpu * iterations,

@@ -303,6 +303,8 @@ pub struct ShimProcess {
     pub graph_ops: BTreeMap<u32, Vec<(String, f64)>>,
     /// Activities counted under the overflow operator because [`MAX_OPS`] were named already.
     pub ops_overflowed: u64,
+    /// Name strings dropped because [`MAX_STRINGS`] were kept already.
+    pub strings_dropped: u64,
 }
 
 /// A short readable label for a kernel name: Inductor's fused operators; else the demangled C++
@@ -378,6 +380,19 @@ pub const GRAPH_OPS: usize = 8;
 /// [`OVERFLOW_OP`] (and in [`TraceAssembler::ops_overflowed`]), so memory stays bounded
 /// whatever the job launches.
 pub const MAX_OPS: usize = 4096;
+
+/// Operator identities (operator id, kernel name or graph id) an assembler remembers.
+pub const MAX_OP_KEYS: usize = 65_536;
+
+/// Kernel names, and operator names, an assembler keeps (each); further strings are dropped
+/// and counted ([`TraceAssembler::strings_dropped`]).
+pub const MAX_STRINGS: usize = 65_536;
+
+/// Launch configurations whose occupancy an assembler remembers.
+const MAX_OCCUPANCY_CACHE: usize = 4096;
+
+/// Graph nodes whose operator an assembler remembers.
+const MAX_NODE_OPS: usize = 1 << 18;
 
 /// The label of the operator that collects activities beyond [`MAX_OPS`].
 pub const OVERFLOW_OP: &str = "(other operators)";
@@ -470,6 +485,8 @@ pub struct TraceAssembler {
     acc: Vec<OpAcc>,
     /// Scratch of `summarise`: activities sorted by start.
     sorted: Vec<Activity>,
+    /// Scratch of `summarise`: operators seen in the iteration.
+    touched: Vec<u32>,
     /// The period of the kernel sequence last detected, and how many kernels were pending
     /// when detection last failed.
     period: Option<usize>,
@@ -481,6 +498,8 @@ pub struct TraceAssembler {
     limits: Option<SmLimits>,
     /// (threads per block, registers, shared memory) → occupancy, for the kernels seen.
     occupancy_cache: FxHashMap<(u32, u32, u32), Option<f32>>,
+    /// Strings dropped because [`MAX_STRINGS`] were kept already.
+    pub strings_dropped: u64,
 }
 
 impl TraceAssembler {
@@ -556,6 +575,12 @@ impl TraceAssembler {
         if let Some(&i) = self.table.by_key.get(&key) {
             return i;
         }
+        // Full: a new identity goes to the overflow operator without naming it (naming
+        // demangles, and a job with a million kernel names must not pay that per kernel).
+        if self.table.info.len() > MAX_OPS || self.table.by_key.len() >= MAX_OP_KEYS {
+            self.table.overflowed += 1;
+            return 0;
+        }
         let (label, kind, final_label) = self.label_of(key);
         let index = match self.table.by_label.get(label.as_str()) {
             Some(&i) => i,
@@ -619,12 +644,17 @@ impl TraceAssembler {
                         .saturating_mul(k.block[1])
                         .saturating_mul(k.block[2]);
                     let smem = k.static_smem.saturating_add(k.dynamic_smem);
-                    a.occupancy = *self
-                        .occupancy_cache
-                        .entry((threads, k.registers, smem))
-                        .or_insert_with(|| {
-                            l.occupancy(threads, k.registers, smem).map(|o| o as f32)
-                        });
+                    let key = (threads, k.registers, smem);
+                    a.occupancy = match self.occupancy_cache.get(&key) {
+                        Some(o) => *o,
+                        None => {
+                            let o = l.occupancy(threads, k.registers, smem).map(|o| o as f32);
+                            if self.occupancy_cache.len() < MAX_OCCUPANCY_CACHE {
+                                self.occupancy_cache.insert(key, o);
+                            }
+                            o
+                        }
+                    };
                 }
                 if a.op_id == 0 && k.graph_node_id != 0 {
                     a.op_id = self.node_ops.get(&k.graph_node_id).copied().unwrap_or(0);
@@ -672,19 +702,23 @@ impl TraceAssembler {
                 } else {
                     self.node_ops.get(&n.original_node_id).copied().unwrap_or(0)
                 };
-                if op != 0 {
+                if op != 0 && self.node_ops.len() < MAX_NODE_OPS {
                     self.node_ops.insert(n.node_id, op);
                 }
                 return;
             }
             AnyRecord::String(s) => {
                 self.seen[4] += 1;
-                let text = String::from_utf8_lossy(s.bytes).into_owned();
-                match s.kind {
-                    STRING_KERNEL => self.names.insert(s.id, text),
-                    STRING_OP => self.ops.insert(s.id, text),
-                    _ => None,
+                let table = match s.kind {
+                    STRING_KERNEL => &mut self.names,
+                    STRING_OP => &mut self.ops,
+                    _ => return,
                 };
+                if table.len() >= MAX_STRINGS && !table.contains_key(&s.id) {
+                    self.strings_dropped += 1;
+                    return;
+                }
+                table.insert(s.id, String::from_utf8_lossy(s.bytes).into_owned());
                 return;
             }
             AnyRecord::Step(st) => {
@@ -874,7 +908,9 @@ impl TraceAssembler {
     ) -> Iteration {
         sorted.clear();
         sorted.extend_from_slice(&self.pending[range]);
-        sorted.sort_unstable_by_key(|a| (a.start_ns, a.end_ns));
+        if !sorted.is_sorted_by_key(|a| (a.start_ns, a.end_ns)) {
+            sorted.sort_unstable_by_key(|a| (a.start_ns, a.end_ns));
+        }
         let it = self.summarise(step, marked, b, e, &sorted);
         self.sorted = sorted;
         it
@@ -893,10 +929,8 @@ impl TraceAssembler {
         let mut gaps = 0u64;
         // The busy interval being merged, and where the GPU was last busy until.
         let mut cur: Option<(u64, u64)> = None;
-        let mut touched: Vec<u32> = Vec::new();
-        if self.acc.len() < self.table.info.len() + 1 {
-            self.acc.resize(MAX_OPS + 2, OpAcc::default());
-        }
+        let mut touched = std::mem::take(&mut self.touched);
+        touched.clear();
         let mut lat: Vec<u64> = Vec::new();
         let (mut kernels, mut graph_launches, mut memory_ops) = (0u32, 0u32, 0u32);
         let (mut memory_ns, mut compute_ns, mut comm_ns, mut comm_kernels) =
@@ -933,6 +967,9 @@ impl TraceAssembler {
                 }
             }
             let i = self.op_index(a) as usize;
+            if i >= self.acc.len() {
+                self.acc.resize(i + 64, OpAcc::default());
+            }
             let acc = &mut self.acc[i];
             if acc.count == 0 {
                 touched.push(i as u32);
@@ -975,7 +1012,9 @@ impl TraceAssembler {
         if let Some((cs, ce)) = cur {
             busy += ce - cs;
         }
-        lat.sort_unstable();
+        if !lat.is_sorted() {
+            lat.sort_unstable();
+        }
         let mut occ = (0.0, 0u64);
         let mut ops = Vec::with_capacity(touched.len());
         for &i in &touched {
@@ -995,7 +1034,8 @@ impl TraceAssembler {
                 bytes: acc.bytes,
             });
         }
-        ops.sort_by(|a, b| b.gpu_ns.cmp(&a.gpu_ns).then_with(|| a.op.cmp(&b.op)));
+        ops.sort_unstable_by(|a, b| b.gpu_ns.cmp(&a.gpu_ns).then_with(|| a.op.cmp(&b.op)));
+        self.touched = touched;
         // The GPU span also counts CUDA events the script recorded on its streams.
         let span_start = acts.iter().map(|a| a.start_ns).min();
         let span_end = acts.iter().map(|a| a.end_ns).max();
@@ -1212,6 +1252,38 @@ mod tests {
         assert!(it
             .iter()
             .all(|i| !i.marked && i.kernels == 4 && i.wall_ns() == 400));
+    }
+
+    #[test]
+    fn operators_and_strings_are_capped() {
+        let mut t = TraceAssembler::new();
+        t.push(&AnyRecord::Step(step(0, 0, STEP_BEGIN)));
+        let n = MAX_OPS as u32 + 10;
+        for id in 1..=n {
+            let bytes = string(id, STRING_KERNEL, &format!("kernel_{id}"));
+            let (r, _) = slo_probe_common::decode(&bytes).expect("string");
+            t.push(&r);
+            let ts = u64::from(id) * 10;
+            t.push(&AnyRecord::GpuKernel(kernel(ts + 2, 5, ts + 1, id, 0)));
+        }
+        t.push(&AnyRecord::Step(step(0, u64::from(n) * 10 + 100, STEP_END)));
+        let it = t.take_iterations(0, 0, true);
+        assert_eq!(t.ops_named(), MAX_OPS + 1);
+        assert_eq!(t.ops_overflowed(), 10);
+        let overflow = it[0]
+            .ops
+            .iter()
+            .find(|o| &*o.op == OVERFLOW_OP)
+            .expect("overflow op");
+        assert_eq!(overflow.kernels, 10);
+        assert_eq!(it[0].kernels, n);
+        // Strings beyond the cap are dropped and counted.
+        for id in 0..(MAX_STRINGS as u32) {
+            let bytes = string(1_000_000 + id, STRING_KERNEL, "k");
+            let (r, _) = slo_probe_common::decode(&bytes).expect("string");
+            t.push(&r);
+        }
+        assert_eq!(t.strings_dropped, u64::from(n));
     }
 
     #[test]

@@ -784,13 +784,22 @@ impl SloEngine {
 
     /// Closes every window that ended at or before `now_ns` (iterations ending before then
     /// must have been pushed, and host samples up to then).
+    /// After a long pause (more windows than compliance looks back over), the windows in
+    /// between are not judged one by one: the engine jumps to the window holding `now_ns`.
     pub fn advance(&mut self, now_ns: u64) {
         let w = self.spec.window_ns();
+        let most = u64::from(self.spec.compliance_windows) + 1;
+        let mut closed = 0;
         while let Some(start) = self.window_start {
             if start + w > now_ns {
                 break;
             }
+            if closed == most {
+                self.window_start = Some(now_ns - (now_ns - start) % w);
+                break;
+            }
             self.close(start, start + w);
+            closed += 1;
             self.window_start = Some(start + w);
         }
     }
@@ -832,15 +841,18 @@ impl SloEngine {
                 })
             };
             // Roll the window.
-            if node.spec.metric.per_iteration() {
-                let mut h = histogram();
+            if node.spec.metric.per_iteration() && node.count > 0 {
+                // Reuse the oldest sliding histogram for the next window (no allocation).
+                let mut h = if node.slide.len() >= spec.slide_windows as usize {
+                    node.slide.pop_front().map_or_else(histogram, |mut h| {
+                        h.reset();
+                        h
+                    })
+                } else {
+                    histogram()
+                };
                 std::mem::swap(&mut h, &mut node.hist);
-                if node.count > 0 {
-                    node.slide.push_back(h);
-                    while node.slide.len() > spec.slide_windows as usize {
-                        node.slide.pop_front();
-                    }
-                }
+                node.slide.push_back(h);
                 node.sum = 0.0;
                 node.count = 0;
             }
@@ -1270,6 +1282,16 @@ mod tests {
         let n = e.snapshot().node("iteration").cloned().expect("node");
         assert!(n.value.expect("value") > 2000.0, "{n:?}");
         assert!(e.violations().iter().any(|v| v.node == "iteration"));
+    }
+
+    #[test]
+    fn a_far_future_advance_does_not_loop() {
+        let mut e = SloEngine::new(spec()).expect("spec");
+        run(&mut e, 0, 2, |_| 10.0);
+        e.advance(u64::MAX / 2);
+        let s = e.snapshot();
+        assert_eq!(s.windows, 2 + u64::from(spec().compliance_windows) + 1);
+        assert!(s.at_ns > u64::MAX / 4);
     }
 
     #[test]

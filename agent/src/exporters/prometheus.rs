@@ -557,16 +557,35 @@ fn render_shims(out: &mut String, snapshot: &Snapshot) {
         "slo_probe_shim_dropped_records_total",
         "counter",
         "GPU records lost: ring_full (the shim dropped rather than block the job), cupti \
-         (CUPTI's own buffers overflowed).",
+         (CUPTI's own buffers overflowed), strings_full (kernel or operator names beyond the \
+         agent's 65536 per process; their kernels are counted unnamed).",
     );
     for p in shims {
-        for (reason, n) in [("ring_full", p.dropped), ("cupti", p.cupti_dropped)] {
+        for (reason, n) in [
+            ("ring_full", p.dropped),
+            ("cupti", p.cupti_dropped),
+            ("strings_full", p.strings_dropped),
+        ] {
             let _ = writeln!(
                 out,
                 "slo_probe_shim_dropped_records_total{{pid=\"{}\",reason=\"{reason}\"}} {n}",
                 p.pid
             );
         }
+    }
+    header(
+        out,
+        "slo_probe_shim_operators_overflowed_total",
+        "counter",
+        "GPU activities counted under the operator \"(other operators)\" because the process \
+         had 4096 distinct operators already (the agent's memory stays bounded).",
+    );
+    for p in shims {
+        let _ = writeln!(
+            out,
+            "slo_probe_shim_operators_overflowed_total{{pid=\"{}\"}} {}",
+            p.pid, p.ops_overflowed
+        );
     }
     header(
         out,

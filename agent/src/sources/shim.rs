@@ -465,6 +465,8 @@ fn drain_all(s: &mut State, flush: bool) {
         p.corrupt_bytes = h.corrupt_bytes.load(Ordering::Relaxed);
         p.status = h.status.load(Ordering::Relaxed);
         p.seen = asm.seen;
+        p.ops_overflowed = asm.ops_overflowed();
+        p.strings_dropped = asm.strings_dropped;
         if let Some(g) = asm.graph_ops() {
             p.graph_ops = g;
         }
