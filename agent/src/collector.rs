@@ -15,6 +15,7 @@ use std::{
 
 use slo_probe_common::{decode, AnyRecord, Counter};
 use slo_probe_core::{
+    host,
     net::ConnTable,
     occupancy::SmLimits,
     proctree::ProcessTree,
@@ -99,7 +100,10 @@ impl Collector {
             let record = (!config.shim.record_dir.as_os_str().is_empty())
                 .then(|| config.shim.record_dir.clone());
             match ShimSource::start(&config.shim.socket, &config.shim.allowed_uids, record) {
-                Ok(s) => (Some(s), String::new()),
+                Ok(s) => {
+                    s.set_slo(config.slo.clone(), config.tick());
+                    (Some(s), String::new())
+                }
                 Err(e) => {
                     let reason = crate::error_chain(&e);
                     log::warn!("CUPTI shims cannot register: {reason}");
@@ -367,6 +371,30 @@ impl Collector {
             });
         }
 
+        if let Some(shim) = &self.shim {
+            // Each training process's part of the job, for its SLO engine's host nodes.
+            let mut job: BTreeSet<u32> = self.tree.job_pids();
+            if let Some(t) = &threads {
+                job.extend(t.processes.iter().map(|p| p.pid));
+            }
+            let samples = shim
+                .pids()
+                .into_iter()
+                .map(|pid| {
+                    let mine: BTreeSet<u32> = job
+                        .iter()
+                        .copied()
+                        .filter(|&p| self.tree.descends_from(p, pid))
+                        .chain([pid])
+                        .collect();
+                    (
+                        pid,
+                        host::sample_of(&mine, now, threads.as_ref(), net.as_ref(), &cgroups),
+                    )
+                })
+                .collect();
+            shim.push_host(samples);
+        }
         let shims = self
             .shim
             .as_ref()

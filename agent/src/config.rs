@@ -57,10 +57,13 @@ pub enum ConfigError {
         /// The allowed range.
         why: &'static str,
     },
+    /// The `[slo]` section does not make a tree.
+    #[error("invalid config: [slo]: {0}")]
+    Slo(#[from] slo_probe_core::slo::SloSpecError),
 }
 
 /// The whole configuration.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// `[agent]`.
@@ -75,6 +78,9 @@ pub struct Config {
     pub shim: ShimConfig,
     /// `[gpu]`.
     pub gpu: GpuConfig,
+    /// `[slo]`: the SLO tree, its windows and detection (the seed's tree when no node is
+    /// given).
+    pub slo: slo_probe_core::slo::SloSpec,
     /// `[roles]`.
     pub roles: RolesConfig,
 }
@@ -358,6 +364,7 @@ impl Config {
                 "must be 100..=60000 ms (GPM needs at least 100 ms between samples)",
             ));
         }
+        self.slo.validate()?;
         let rq = &self.probes.runqueue;
         if rq.max_threads == 0 || rq.max_threads > 1 << 22 {
             return Err(invalid(

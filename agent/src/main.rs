@@ -64,6 +64,8 @@ enum Cmd {
         #[arg(short, long)]
         config: Option<PathBuf>,
         /// How long to observe, in seconds (the command is stopped after this if still running).
+        /// Under 150 s, the SLO windows are a fifteenth of it (1 to 10 s) unless slo.window_ms
+        /// is configured.
         #[arg(short, long, default_value_t = 5.0)]
         duration: f64,
         /// Rows of the per-thread table.
@@ -97,6 +99,9 @@ enum Cmd {
         /// Also write the replayed processes as JSON to this file.
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
+        /// SLO window length in ms (default: a fifteenth of the recording, 100 ms to 10 s).
+        #[arg(long, value_name = "MS")]
+        window_ms: Option<u64>,
     },
     /// Check what this machine allows (privileges, kernel BTF, tracefs); exit 1 if the eBPF
     /// probes cannot load.
@@ -166,11 +171,20 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             no_gpu,
             command,
         } => {
-            let config = load_config(config.as_ref())?;
+            let mut config = load_config(config.as_ref())?;
             anyhow::ensure!(
                 duration.is_finite() && duration > 0.0,
                 "--duration must be a positive number of seconds"
             );
+            // A short run gets short SLO windows (unless configured), so that baselines are
+            // learned and violations can be judged within it.
+            let default_slo = slo_probe_core::slo::SloSpec::default();
+            if config.slo.window_ms == default_slo.window_ms && duration < 150.0 {
+                config.slo.window_ms = ((duration * 1000.0 / 15.0) as u64).clamp(1000, 10_000);
+                if config.slo.learn_windows == default_slo.learn_windows {
+                    config.slo.learn_windows = 3;
+                }
+            }
             let mut collector = Collector::new(&config, false, true)?;
             let inject = observe::Inject {
                 library: (!no_gpu && collector.shim().is_some())
@@ -207,7 +221,12 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             compute_capability,
             detect,
             json,
+            window_ms,
         } => {
+            anyhow::ensure!(
+                window_ms.is_none_or(|w| (100..=3_600_000).contains(&w)),
+                "--window-ms must be 100..=3600000"
+            );
             let limits = match compute_capability.as_deref() {
                 None => None,
                 Some(cc) => {
@@ -224,7 +243,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             };
             let mut out = Vec::new();
             for (i, f) in files.iter().enumerate() {
-                let r = replay::replay(f, limits, detect)?;
+                let r = replay::replay(f, limits, detect, window_ms)?;
                 if i > 0 {
                     println!();
                 }

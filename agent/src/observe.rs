@@ -561,6 +561,100 @@ fn gpu_report(out: &mut String, p: &slo_probe_core::gputrace::ShimProcess) {
     iterations_report(out, p);
 }
 
+/// The SLO tree as of its last window, and its violations with their causal chains.
+pub fn slo_report(out: &mut String, s: &slo_probe_core::slo::SloSnapshot) {
+    use slo_probe_core::slo::ROOT;
+    let root = &s.nodes[0];
+    let _ = writeln!(
+        out,
+        "  SLO tree ({} windows of {}, {} iterations{}): score {}",
+        s.windows,
+        human_ns(s.window_ns as f64),
+        s.iterations,
+        if s.learning {
+            "; learning baselines"
+        } else {
+            ""
+        },
+        root.compliance
+            .map_or("-".to_owned(), |c| format!("{:.1}%", 100.0 * c)),
+    );
+    let _ = writeln!(
+        out,
+        "    {:<34} {:>11} {:>22} {:>11} {:>10} {:>6}  state",
+        "node", "value", "threshold", "baseline", "compliance", "burn"
+    );
+    fn walk(out: &mut String, s: &slo_probe_core::slo::SloSnapshot, parent: &str, depth: usize) {
+        for n in s.nodes.iter().skip(1).filter(|n| n.parent == parent) {
+            let num = |v: Option<f64>| match v {
+                Some(v) if v.abs() >= 100.0 => format!("{v:.0}"),
+                Some(v) => format!("{v:.2}"),
+                None => "-".to_owned(),
+            };
+            let name = format!(
+                "{}{} {}",
+                "  ".repeat(depth),
+                n.name,
+                n.stat.map_or("", |s| s.as_str())
+            );
+            let threshold = n.threshold.map_or("-".to_owned(), |(t, src)| {
+                format!(
+                    "{} {} {}",
+                    match n.objective {
+                        Some(slo_probe_core::slo::Objective::Above) => ">",
+                        _ => "<",
+                    },
+                    num(Some(t)),
+                    src.as_str()
+                )
+            });
+            let _ = writeln!(
+                out,
+                "    {:<34} {:>11} {:>22} {:>11} {:>10} {:>6}  {}",
+                name,
+                format!("{} {}", num(n.value), n.unit),
+                threshold,
+                num(n.baseline),
+                n.compliance
+                    .map_or("-".to_owned(), |c| format!("{:.1}%", 100.0 * c)),
+                num(n.burn_rate),
+                n.state.as_str()
+            );
+            walk(out, s, &n.name, depth + 1);
+        }
+    }
+    walk(out, s, ROOT, 0);
+    if s.violations.is_empty() {
+        let _ = writeln!(out, "  violations: none");
+    }
+    for v in &s.violations {
+        let _ = writeln!(
+            out,
+            "  violation #{} ({}, {}): {}",
+            v.id,
+            v.severity.as_str(),
+            if v.closed_ns.is_some() {
+                "closed"
+            } else {
+                "open"
+            },
+            v.chain
+        );
+        if let Some(a) = &v.attribution {
+            for c in a.causes.iter().skip(1) {
+                let _ = writeln!(
+                    out,
+                    "      also {} {:+.2} ms per iteration ({}: {})",
+                    c.op,
+                    c.delta_ns / 1e6,
+                    c.dimension.as_str(),
+                    c.detail
+                );
+            }
+        }
+    }
+}
+
 /// The iterations of one process: wall time, GPU busy, kernels and graph launches, launch
 /// latency, what NVML saw, and the operators by GPU time.
 pub fn iterations_report(out: &mut String, p: &slo_probe_core::gputrace::ShimProcess) {
@@ -680,6 +774,9 @@ pub fn iterations_report(out: &mut String, p: &slo_probe_core::gputrace::ShimPro
             }
         );
     }
+    if let Some(slo) = &p.slo {
+        slo_report(out, slo);
+    }
 }
 
 /// What NVML saw while the iterations ran: medians over the iterations that have samples (the
@@ -737,6 +834,7 @@ pub fn shim_json(p: &slo_probe_core::gputrace::ShimProcess) -> serde_json::Value
             "kernels": p.seen[0], "graphs": p.seen[1], "memory": p.seen[2],
             "graph_nodes": p.seen[3], "strings": p.seen[4], "steps": p.seen[5],
         },
+        "slo": p.slo.as_ref().map(slo_json),
         "graph_ops": p.graph_ops.iter().map(|(g, ops)| (g.to_string(), json!(ops)))
             .collect::<serde_json::Map<_, _>>(),
         "iterations": p.iterations.iter().map(|i| json!({
@@ -762,6 +860,78 @@ pub fn shim_json(p: &slo_probe_core::gputrace::ShimProcess) -> serde_json::Value
             "device": i.device,
             "gpu": i.gpu.as_ref().map(iteration_gpu_json),
         })).collect::<Vec<_>>(),
+    })
+}
+
+/// The SLO tree and violations as JSON.
+pub fn slo_json(s: &slo_probe_core::slo::SloSnapshot) -> serde_json::Value {
+    use serde_json::json;
+    let nodes: Vec<_> = s
+        .nodes
+        .iter()
+        .map(|n| {
+            json!({
+                "name": n.name,
+                "parent": n.parent,
+                "metric": n.metric.map(|m| m.as_str()),
+                "stat": n.stat.map(|m| m.as_str()),
+                "unit": n.unit,
+                "weight": n.weight,
+                "value": n.value,
+                "threshold": n.threshold.map(|t| t.0),
+                "threshold_source": n.threshold.map(|t| t.1.as_str()),
+                "baseline": n.baseline,
+                "compliance": n.compliance,
+                "burn_rate": n.burn_rate,
+                "state": n.state.as_str(),
+                "windows": n.windows,
+                "violations": n.violations,
+            })
+        })
+        .collect();
+    let violations: Vec<_> = s.violations.iter().map(violation_json).collect();
+    json!({
+        "windows": s.windows,
+        "window_ns": s.window_ns,
+        "iterations": s.iterations,
+        "learning": s.learning,
+        "nodes": nodes,
+        "violations": violations,
+    })
+}
+
+fn violation_json(v: &slo_probe_core::slo::Violation) -> serde_json::Value {
+    use serde_json::json;
+    let causes = v.attribution.as_ref().map(|a| {
+        a.causes
+            .iter()
+            .map(|c| {
+                json!({
+                    "op": c.op,
+                    "dimension": c.dimension.as_str(),
+                    "delta_ns": c.delta_ns,
+                    "detail": c.detail,
+                })
+            })
+            .collect::<Vec<_>>()
+    });
+    let host = v
+        .attribution
+        .as_ref()
+        .map(|a| a.host.iter().map(|h| h.what.clone()).collect::<Vec<_>>());
+    json!({
+        "id": v.id,
+        "node": v.node,
+        "severity": v.severity.as_str(),
+        "since_ns": v.since_ns,
+        "opened_ns": v.opened_ns,
+        "closed_ns": v.closed_ns,
+        "value": v.value,
+        "threshold": v.threshold,
+        "baseline": v.baseline,
+        "chain": v.chain,
+        "causes": causes,
+        "host_causes": host,
     })
 }
 

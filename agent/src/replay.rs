@@ -10,8 +10,9 @@ use std::{
 
 use slo_probe_common::{AnyRecord, RecordIter};
 use slo_probe_core::{
-    gputrace::{ShimProcess, TraceAssembler},
+    gputrace::{Iteration, ShimProcess, TraceAssembler},
     occupancy::SmLimits,
+    slo::{SloEngine, SloSnapshot, SloSpec},
 };
 
 /// Why a recording cannot be replayed.
@@ -52,12 +53,37 @@ pub struct Replayed {
     pub markers_ignored: u64,
 }
 
+/// The SLO engine over recorded iterations, with windows of `window_ms` or, by default, a
+/// fifteenth of the recording (100 ms to 10 s) so that baselines are learned within it.
+pub fn judge(iterations: &[Iteration], window_ms: Option<u64>) -> Option<SloSnapshot> {
+    let mut its: Vec<&Iteration> = iterations.iter().collect();
+    its.sort_by_key(|i| i.end_ns);
+    let (first, last) = (its.first()?.end_ns, its.last()?.end_ns);
+    let window_ms =
+        window_ms.unwrap_or_else(|| ((last - first) / 1_000_000 / 15).clamp(100, 10_000));
+    let windows = (last - first) / 1_000_000 / window_ms.max(1);
+    let spec = SloSpec {
+        window_ms,
+        learn_windows: if windows < 30 { 3 } else { 6 },
+        ..SloSpec::default()
+    };
+    let mut e = SloEngine::new(spec).ok()?;
+    for i in its {
+        e.push_iteration(i);
+        e.advance(i.end_ns);
+    }
+    e.advance(last + window_ms * 1_000_000);
+    Some(e.snapshot())
+}
+
 /// Replays `path`. `limits`: the GPU's per-SM limits, for theoretical occupancy. With `detect`,
 /// step markers are left out and iterations are detected from the kernel sequence.
+/// `window_ms`: the SLO windows (see [`judge`]).
 pub fn replay(
     path: &Path,
     limits: Option<SmLimits>,
     detect: bool,
+    window_ms: Option<u64>,
 ) -> Result<Replayed, ReplayError> {
     let name = path.display().to_string();
     let data = std::fs::read(path).map_err(|source| ReplayError::Read {
@@ -85,6 +111,7 @@ pub fn replay(
     }
     let undecoded_bytes = iter.dropped_bytes();
     let iterations = asm.take_iterations(0, 0, true);
+    let slo = judge(&iterations, window_ms);
     let pid = path
         .file_stem()
         .and_then(|s| s.to_str())
@@ -102,6 +129,7 @@ pub fn replay(
         graph_ops: asm.graph_ops().unwrap_or_default(),
         ops_overflowed: asm.ops_overflowed(),
         strings_dropped: asm.strings_dropped,
+        slo,
         ..Default::default()
     };
     Ok(Replayed {
@@ -162,6 +190,7 @@ mod tests {
             &fixture("h200-eager.bin"),
             SmLimits::for_capability(9, 0),
             false,
+            None,
         )
         .expect("replays");
         assert_eq!(r.undecoded_bytes, 0);
@@ -169,7 +198,9 @@ mod tests {
         let text = report(&r);
         assert!(text.contains("300 iterations (step markers)"), "{text}");
         assert!(text.contains("operators by GPU time"), "{text}");
-        let detected = replay(&fixture("h200-eager.bin"), None, true).expect("replays");
+        assert!(text.contains("SLO tree ("), "{text}");
+        assert!(text.contains("violations: none"), "{text}");
+        let detected = replay(&fixture("h200-eager.bin"), None, true, None).expect("replays");
         assert_eq!(detected.markers_ignored, 600);
         assert!(detected.process.iterations.len() > 250);
         assert!(report(&detected).contains("(detected)"));
@@ -182,7 +213,7 @@ mod tests {
         let data = std::fs::read(fixture("h200-eager.bin")).expect("fixture");
         let cut = dir.join("4242.bin");
         std::fs::write(&cut, &data[..data.len() / 2 + 7]).expect("write");
-        let r = replay(&cut, None, false).expect("replays the decodable part");
+        let r = replay(&cut, None, false, None).expect("replays the decodable part");
         assert_eq!(r.process.pid, 4242);
         assert!(r.undecoded_bytes > 0);
         assert!(r.process.iterations.len() > 100);
@@ -190,12 +221,12 @@ mod tests {
 
         let junk = dir.join("junk.bin");
         std::fs::write(&junk, b"this is not a recording at all").expect("write");
-        let e = replay(&junk, None, false).expect_err("garbage");
+        let e = replay(&junk, None, false, None).expect_err("garbage");
         assert!(
             e.to_string().contains("not a slo-probe GPU recording"),
             "{e}"
         );
-        let e = replay(&dir.join("missing.bin"), None, false).expect_err("missing");
+        let e = replay(&dir.join("missing.bin"), None, false, None).expect_err("missing");
         assert!(e.to_string().contains("cannot read"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -53,6 +53,19 @@ fn main() {
         healthy.len(),
         alarms as f64 / healthy_hours.max(1e-9)
     );
+    println!("\none case of each kind:");
+    for kind in KINDS {
+        if let Some(o) = outcomes.iter().find(|o| o.kind == kind) {
+            println!(
+                "  {kind}: {}",
+                if o.chain.is_empty() {
+                    "no violation".to_owned()
+                } else {
+                    o.chain.clone()
+                }
+            );
+        }
+    }
     for o in outcomes.iter().filter(|o| !o.correct()) {
         println!(
             "wrong: {} seed {}: expected {:?}, top {:?}, violations before onset {}\n  {}",

@@ -305,6 +305,8 @@ pub struct ShimProcess {
     pub ops_overflowed: u64,
     /// Name strings dropped because [`MAX_STRINGS`] were kept already.
     pub strings_dropped: u64,
+    /// The SLO tree of the process, as of its last closed window.
+    pub slo: Option<crate::slo::SloSnapshot>,
 }
 
 /// A short readable label for a kernel name: Inductor's fused operators; else the demangled C++

@@ -3,9 +3,14 @@
 //! iterations and windows: run-queue wait and off-CPU time per thread role, CPU throttling of
 //! the job's cgroups, and TCP retransmits per connection.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 
-use crate::roles::Role;
+use crate::{
+    cgroup::CgroupRow,
+    net::{endpoints, NetSnapshot},
+    roles::Role,
+    threads::ThreadsSnapshot,
+};
 
 /// Cumulative counters of one thread role.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -61,6 +66,51 @@ impl HostSample {
 /// Index of a role in [`Role::ALL`].
 pub fn role_index(role: Role) -> usize {
     Role::ALL.iter().position(|r| *r == role).unwrap_or(4)
+}
+
+/// The host counters of the processes `pids` (a training process and its descendants, e.g.
+/// DataLoader workers) at `at_ns`, from the tick's thread, network and cgroup views.
+pub fn sample_of(
+    pids: &BTreeSet<u32>,
+    at_ns: u64,
+    threads: Option<&ThreadsSnapshot>,
+    net: Option<&NetSnapshot>,
+    cgroups: &[CgroupRow],
+) -> HostSample {
+    let mut s = HostSample {
+        at_ns,
+        ..Default::default()
+    };
+    if let Some(t) = threads {
+        for (role, c) in t.by_role(Some(pids)) {
+            let r = s.role_mut(role);
+            r.runq_ns = c.runq.total_ns;
+            r.runq_waits = c.runq.count;
+            r.offcpu_involuntary_ns = c.offcpu_involuntary_ns;
+            r.offcpu_voluntary_ns = c.offcpu_voluntary_ns;
+        }
+    }
+    if let Some(n) = net {
+        for (&(pid, role), &count) in &n.retransmits {
+            if pids.contains(&pid) {
+                s.role_mut(role).retransmits += count;
+            }
+        }
+        for c in n.conns.iter().filter(|c| pids.contains(&c.pid)) {
+            let (local, remote) = endpoints(&c.tuple);
+            s.conns.push(ConnHost {
+                label: format!("{local} -> {remote}"),
+                role: Some(c.role),
+                retransmits: c.retransmits,
+            });
+        }
+    }
+    s.throttled_ns = cgroups
+        .iter()
+        .filter(|c| c.pids.iter().any(|p| pids.contains(p)))
+        .filter_map(|c| c.cpu.map(|cpu| cpu.throttled_ns))
+        .sum();
+    s
 }
 
 /// What happened on the host between two instants.

@@ -127,6 +127,22 @@ impl ProcessTree {
         false
     }
 
+    /// Whether `pid` is `ancestor` or one of its descendants (as far as the tree knows).
+    pub fn descends_from(&self, pid: u32, ancestor: u32) -> bool {
+        let mut p = pid;
+        // Bounded walk: a corrupt parent chain cannot loop forever.
+        for _ in 0..64 {
+            if p == ancestor {
+                return true;
+            }
+            match self.procs.get(&p) {
+                Some(n) if n.ppid != 0 && n.ppid != p => p = n.ppid,
+                _ => return false,
+            }
+        }
+        false
+    }
+
     /// Every process of the job known now.
     pub fn job_pids(&self) -> BTreeSet<u32> {
         let mut out: BTreeSet<u32> = self.roots.clone();

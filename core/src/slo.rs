@@ -246,7 +246,7 @@ pub const ROOT: &str = "job";
 
 /// Why a spec is refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("invalid SLO tree: {0}")]
+#[error("{0}")]
 pub struct SloSpecError(pub String);
 
 impl SloSpec {
@@ -543,6 +543,8 @@ pub struct NodeView {
     pub state: NodeState,
     /// Windows judged.
     pub windows: u64,
+    /// Violations opened so far.
+    pub violations: u64,
 }
 
 /// The tree at one instant, for exporters, `top` and the healer.
@@ -558,6 +560,8 @@ pub struct SloSnapshot {
     pub late_iterations: u64,
     /// Whether baselines are still being learned.
     pub learning: bool,
+    /// Window length, ns.
+    pub window_ns: u64,
     /// Root first, then the nodes in spec order.
     pub nodes: Vec<NodeView>,
     /// Open violations, then the most recent closed ones.
@@ -603,6 +607,8 @@ struct Node {
     breach_streak: u32,
     clear_streak: u32,
     open: Option<usize>,
+    /// Violations opened so far.
+    opened: u64,
     last: Option<f64>,
     state: NodeState,
 }
@@ -716,6 +722,7 @@ impl SloEngine {
                 breach_streak: 0,
                 clear_streak: 0,
                 open: None,
+                opened: 0,
                 last: None,
                 state: NodeState::Unknown,
             })
@@ -937,6 +944,7 @@ impl SloEngine {
                         chain: String::new(),
                     });
                     node.open = Some(self.violations.len() - 1);
+                    node.opened += 1;
                     opened_or_open.push(self.violations.len() - 1);
                 }
                 None => {}
@@ -1038,6 +1046,11 @@ impl SloEngine {
         }
     }
 
+    /// Windows closed so far.
+    pub fn snapshot_windows(&self) -> u64 {
+        self.windows
+    }
+
     /// Every violation kept, in opening order.
     pub fn violations(&self) -> &[Violation] {
         &self.violations
@@ -1091,6 +1104,7 @@ impl SloEngine {
                 burn_rate,
                 state: n.state,
                 windows: n.windows,
+                violations: n.opened,
             });
         }
         let worst = nodes
@@ -1122,6 +1136,7 @@ impl SloEngine {
                 burn_rate: any.then(|| burn / wsum),
                 state: worst,
                 windows: self.windows,
+                violations: self.next_id - 1,
             },
         );
         let mut violations: Vec<Violation> = self
@@ -1144,6 +1159,7 @@ impl SloEngine {
             iterations: self.iterations,
             late_iterations: self.late,
             learning: !self.learned(),
+            window_ns: self.spec.window_ns(),
             nodes,
             violations,
         }

@@ -1,3 +1,4 @@
 //! Exporters: read the latest snapshot, never the sources.
 pub mod gpu;
 pub mod prometheus;
+pub mod slo;

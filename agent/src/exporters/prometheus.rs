@@ -116,6 +116,7 @@ pub fn render(snapshot: &Snapshot, per_thread: bool) -> String {
     }
     render_cgroups(&mut out, snapshot);
     render_shims(&mut out, snapshot);
+    super::slo::render_slo(&mut out, &snapshot.shims);
     if let Some(g) = &snapshot.gpus {
         super::gpu::render_gpus(&mut out, g);
     }

@@ -34,7 +34,9 @@ use slo_probe_common::{
 use slo_probe_core::{
     gpu::GpuHistory,
     gputrace::{Iteration, ShimProcess, TraceAssembler},
+    host::HostSample,
     occupancy::SmLimits,
+    slo::{SloEngine, SloSpec},
 };
 
 /// Default socket path.
@@ -44,6 +46,9 @@ const KEEP_ITERATIONS: usize = 512;
 /// How long after its end marker an iteration waits for its GPU records: CUPTI hands records
 /// over in buffers, flushed by the shim every 200 ms.
 const SETTLE_NS: u64 = 1_500_000_000;
+
+/// Default lag of the SLO windows behind now: the settle time and a 1 s tick.
+const DEFAULT_HOST_LAG_NS: u64 = SETTLE_NS + 1_000_000_000;
 
 /// Errors of the shim source.
 #[derive(Debug, thiserror::Error)]
@@ -90,11 +95,28 @@ struct Conn {
 
 struct State {
     conns: Vec<Conn>,
-    procs: BTreeMap<u32, (ShimProcess, TraceAssembler)>,
+    procs: BTreeMap<u32, Proc>,
     recorder: Option<PathBuf>,
     limits: Option<SmLimits>,
     /// NVML's recent samples, when the agent has NVML.
     gpu_history: Option<Arc<Mutex<GpuHistory>>>,
+    /// The SLO tree for processes that register from now on.
+    slo: SloSpec,
+    /// How far behind now the engines close windows: the settle time of iterations, and the
+    /// host samples' period (a window needs a host sample after its end).
+    host_lag_ns: u64,
+}
+
+/// One training process: what was reported, the iteration assembler, the SLO engine.
+struct Proc {
+    info: ShimProcess,
+    asm: TraceAssembler,
+    slo: SloEngine,
+    /// Windows closed when `info.slo` was last refreshed.
+    slo_windows: u64,
+    /// The shim disconnected and its last window was closed: the engine stops advancing (no
+    /// stall is reported for a job that ended).
+    finished: bool,
 }
 
 /// The listener, the consumer thread, and what they collected.
@@ -140,6 +162,8 @@ impl ShimSource {
             recorder: record_dir,
             limits: None,
             gpu_history: None,
+            slo: SloSpec::default(),
+            host_lag_ns: DEFAULT_HOST_LAG_NS,
         }));
         let stop = Arc::new(AtomicBool::new(false));
         {
@@ -174,7 +198,7 @@ impl ShimSource {
     pub fn snapshot(&self) -> Vec<ShimProcess> {
         self.state
             .lock()
-            .map(|s| s.procs.values().map(|(p, _)| p.clone()).collect())
+            .map(|s| s.procs.values().map(|p| p.info.clone()).collect())
             .unwrap_or_default()
     }
 
@@ -204,8 +228,8 @@ impl ShimSource {
     pub fn set_limits(&self, limits: Option<SmLimits>) {
         if let Ok(mut s) = self.state.lock() {
             s.limits = limits;
-            for (_, asm) in s.procs.values_mut() {
-                asm.set_limits(limits);
+            for p in s.procs.values_mut() {
+                p.asm.set_limits(limits);
             }
         }
     }
@@ -215,6 +239,35 @@ impl ShimSource {
         if let Ok(mut s) = self.state.lock() {
             s.gpu_history = Some(history);
         }
+    }
+
+    /// The SLO tree of processes that register from now on, and how far behind now windows
+    /// close (the host samples' period plus the iterations' settle time).
+    pub fn set_slo(&self, spec: SloSpec, tick: Duration) {
+        if let Ok(mut s) = self.state.lock() {
+            s.slo = spec;
+            s.host_lag_ns = SETTLE_NS + tick.as_nanos() as u64;
+        }
+    }
+
+    /// Host counters of each training process's part of the job (the process and its
+    /// descendants), for its SLO engine.
+    pub fn push_host(&self, samples: Vec<(u32, HostSample)>) {
+        if let Ok(mut s) = self.state.lock() {
+            for (pid, sample) in samples {
+                if let Some(p) = s.procs.get_mut(&pid) {
+                    p.slo.push_host(sample);
+                }
+            }
+        }
+    }
+
+    /// Process ids of the shims seen so far.
+    pub fn pids(&self) -> Vec<u32> {
+        self.state
+            .lock()
+            .map(|s| s.procs.keys().copied().collect())
+            .unwrap_or_default()
     }
 
     /// Decode failures, for the agent's error counter.
@@ -261,18 +314,26 @@ fn accept_loop(
                         let conn_cupti = conn.cupti_version;
                         let limits = s.limits;
                         s.conns.push(conn);
-                        s.procs.entry(pid).or_insert_with(|| {
+                        let spec = s.slo.clone();
+                        let p = s.procs.entry(pid).or_insert_with(|| {
                             let mut asm = TraceAssembler::new();
                             asm.set_limits(limits);
-                            (
-                                ShimProcess {
+                            Proc {
+                                info: ShimProcess {
                                     pid,
                                     cupti_version: conn_cupti,
                                     ..Default::default()
                                 },
                                 asm,
-                            )
+                                // The spec was validated with the config.
+                                slo: SloEngine::new(spec.clone()).unwrap_or_else(|_| {
+                                    SloEngine::new(SloSpec::default()).expect("default SLO spec")
+                                }),
+                                slo_windows: 0,
+                                finished: false,
+                            }
                         });
+                        p.finished = false;
                     }
                 }
                 Err(e) => log::warn!("refused a CUPTI shim connection: {e}"),
@@ -428,12 +489,17 @@ fn drain_all(s: &mut State, flush: bool) {
         procs,
         recorder,
         gpu_history,
+        host_lag_ns,
         ..
     } = s;
+    let now = crate::collector::monotonic_ns();
     for c in conns.iter_mut() {
-        let Some((p, asm)) = procs.get_mut(&c.pid) else {
+        let Some(proc_) = procs.get_mut(&c.pid) else {
             continue;
         };
+        let Proc {
+            info: p, asm, slo, ..
+        } = proc_;
         let mut out = recorder
             .as_ref()
             .and_then(|d| {
@@ -483,11 +549,10 @@ fn drain_all(s: &mut State, flush: bool) {
         };
         c.closed = r == 0;
         p.connected = !c.closed;
-        let done = asm.take_iterations(
-            crate::collector::monotonic_ns(),
-            SETTLE_NS,
-            flush || c.closed,
-        );
+        let done = asm.take_iterations(now, SETTLE_NS, flush || c.closed);
+        for it in &done {
+            slo.push_iteration(it);
+        }
         p.late = asm.late;
         p.iterations_total += done.len() as u64;
         p.iterations.extend(done);
@@ -495,8 +560,28 @@ fn drain_all(s: &mut State, flush: bool) {
         p.iterations.drain(..excess);
     }
     if let Some(h) = gpu_history.as_ref().and_then(|h| h.lock().ok()) {
-        for (p, _) in procs.values_mut() {
-            align_iterations(&mut p.iterations, &h);
+        for p in procs.values_mut() {
+            align_iterations(&mut p.info.iterations, &h);
+        }
+    }
+    // SLO windows: close those that ended (lagging for iterations and host samples to arrive);
+    // for a process that is gone, close the window of its last iteration and stop there.
+    for p in procs.values_mut() {
+        if p.finished {
+            continue;
+        }
+        let gone = !conns.iter().any(|c| c.pid == p.info.pid && !c.closed);
+        if gone || flush {
+            let last = p.info.iterations.last().map_or(0, |i| i.end_ns);
+            p.slo.advance(last + p.slo.spec().window_ns());
+            p.finished = gone;
+        } else {
+            p.slo.advance(now.saturating_sub(*host_lag_ns));
+        }
+        let windows = p.slo.snapshot_windows();
+        if windows != p.slo_windows || p.info.slo.is_none() && windows > 0 {
+            p.slo_windows = windows;
+            p.info.slo = Some(p.slo.snapshot());
         }
     }
     conns.retain(|c| {
