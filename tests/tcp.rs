@@ -21,7 +21,7 @@ use std::{
 use slo_probe::sources::ebpf::{
     EbpfSettings, Probes, Selection, NET_PROGRAMS, PROC_PROGRAMS, SCHED_PROGRAMS,
 };
-use slo_probe_common::ConnStats;
+use slo_probe_common::{decode, AnyRecord, ConnStats, CONN_CLOSED};
 use slo_probe_tests::{gettid, root_or_skip};
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -190,14 +190,22 @@ fn settings() -> EbpfSettings {
     }
 }
 
+/// The connection of `tid` from `local_port`: its map entry, or, once closed, the final state
+/// the kernel handed over in a `ConnClosedRecord` (its map entry is gone then, so that a new
+/// socket at the same address cannot overwrite it).
 fn conn_of(
     read: &slo_probe::sources::ebpf::EbpfRead,
     tid: u32,
     local_port: u16,
 ) -> Option<ConnStats> {
+    let closed = read.records.iter().filter_map(|b| match decode(b) {
+        Ok((AnyRecord::ConnClosed(r), _)) => Some(r.stats),
+        _ => None,
+    });
     read.conns
         .iter()
         .map(|c| c.stats)
+        .chain(closed)
         .find(|c| c.tid == tid && c.tuple.sport == local_port)
 }
 
@@ -226,11 +234,30 @@ fn retransmits_on_a_lossy_link_and_exactly_those_of_a_clean_one() {
     let clean = transfer(&link, CLEAN_PORT);
     let read = probes.read().expect("read");
 
-    let l = conn_of(&read, lossy.sender_tid, lossy.local_port).expect("lossy connection followed");
+    let l = conn_of(&read, lossy.sender_tid, lossy.local_port).unwrap_or_else(|| {
+        panic!(
+            "lossy connection (tid {}, port {}) not followed; connections: {:?}",
+            lossy.sender_tid,
+            lossy.local_port,
+            read.conns
+                .iter()
+                .map(|c| (
+                    c.stats.tid,
+                    c.stats.tuple.sport,
+                    c.stats.tuple.dport,
+                    c.stats.retransmits
+                ))
+                .collect::<Vec<_>>()
+        )
+    });
     let c = conn_of(&read, clean.sender_tid, clean.local_port).expect("clean connection followed");
     eprintln!(
-        "lossy link (5% drop): probe {} retransmits | TCP_INFO total_retrans {} | srtt {} us, cwnd {}",
-        l.retransmits, lossy.retrans, l.srtt_us, l.snd_cwnd
+        "lossy link (5% drop): probe {} retransmits | TCP_INFO total_retrans {} | srtt {} us, cwnd {} | {}",
+        l.retransmits,
+        lossy.retrans,
+        l.srtt_us,
+        l.snd_cwnd,
+        if l.flags & CONN_CLOSED != 0 { "closed (final state from the close record)" } else { "open" }
     );
     eprintln!(
         "clean link: probe {} retransmits | TCP_INFO total_retrans {}",

@@ -16,7 +16,7 @@ use std::{
 use slo_probe_common::{decode, AnyRecord, Counter};
 use slo_probe_core::{
     host,
-    net::ConnTable,
+    net::{ConnRead, ConnTable},
     occupancy::SmLimits,
     proctree::ProcessTree,
     roles::{Role, RoleRules},
@@ -249,6 +249,7 @@ impl Collector {
         let mut threads = None;
         let mut net = None;
         let mut conn_reads = Vec::new();
+        let mut closed_conns = Vec::new();
         let mut thread_reads = Vec::new();
         let mut ebpf_ok = false;
         if let Some(probes) = self.probes.as_mut() {
@@ -261,6 +262,10 @@ impl Collector {
                             Ok((AnyRecord::RunqLatency(r), _)) => self.outliers.push(&r),
                             Ok((AnyRecord::ProcessEvent(e), _)) => self.tree.apply_event(&e),
                             Ok((AnyRecord::TcpRetransmit(r), _)) => self.conns.push_record(&r),
+                            Ok((AnyRecord::ConnClosed(r), _)) => closed_conns.push(ConnRead {
+                                sk: r.skaddr,
+                                stats: r.stats,
+                            }),
                             Ok((other, _)) => {
                                 // GPU records come through the shim source, never the kernel.
                                 self.decode_failed += 1;
@@ -315,7 +320,9 @@ impl Collector {
                 let tree = &self.tree;
                 net = Some(
                     self.conns
-                        .apply(&conn_reads, Some(&snap), |pid| tree.in_job(pid)),
+                        .apply(&conn_reads, &closed_conns, Some(&snap), |pid| {
+                            tree.in_job(pid)
+                        }),
                 );
                 self.conns.prune(|pid| snap.process(pid).is_some());
             }

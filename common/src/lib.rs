@@ -12,7 +12,7 @@
 //! | range | family | defined today |
 //! |---|---|---|
 //! | `0x0001..=0x00ff` | host scheduling and processes (eBPF) | [`RecordKind::RunqLatency`], [`RecordKind::ProcessEvent`] |
-//! | `0x0100..=0x01ff` | host network (eBPF) | [`RecordKind::TcpRetransmit`] |
+//! | `0x0100..=0x01ff` | host network (eBPF) | [`RecordKind::TcpRetransmit`], [`RecordKind::ConnClosed`] |
 //! | `0x0200..=0x02ff` | GPU activity (CUPTI shim) | [`RecordKind::GpuKernel`], [`RecordKind::GpuGraph`], [`RecordKind::GpuMem`], [`RecordKind::GraphNode`], [`RecordKind::String`], [`RecordKind::GpuEvent`] |
 //! | `0x0300..=0x03ff` | job markers (python client, shim) | [`RecordKind::Step`] |
 //!
@@ -35,7 +35,10 @@ pub use gpu::{
     GpuEventRecord, GpuGraphRecord, GpuKernelRecord, GpuMemRecord, GraphNodeRecord, StepRecord,
     StringRecord,
 };
-pub use net::{ConnStats, NetTpOffsets, SockOffsets, TcpRetransmitRecord, TcpTuple, CONN_CLOSED};
+pub use net::{
+    ConnClosedRecord, ConnStats, NetTpOffsets, SockOffsets, TcpRetransmitRecord, TcpTuple,
+    CONN_CLOSED,
+};
 pub use proc::{ProcessEventRecord, PROC_EXEC, PROC_EXIT, PROC_FORK};
 pub use sched::{
     log2_slot, RunqLatencyRecord, ThreadStats, RUNQ_FLAG_PREEMPTED, RUNQ_SLOTS, THREAD_EXITED,
@@ -76,6 +79,8 @@ pub enum RecordKind {
     ProcessEvent = 0x0002,
     /// [`TcpRetransmitRecord`]: one retransmitted TCP segment.
     TcpRetransmit = 0x0100,
+    /// [`ConnClosedRecord`]: a followed TCP connection's last state at its close.
+    ConnClosed = 0x0101,
     /// [`GpuKernelRecord`]: one kernel execution.
     GpuKernel = 0x0200,
     /// [`GpuGraphRecord`]: one CUDA graph launch (graph-level trace).
@@ -99,6 +104,7 @@ impl RecordKind {
             0x0001 => Some(Self::RunqLatency),
             0x0002 => Some(Self::ProcessEvent),
             0x0100 => Some(Self::TcpRetransmit),
+            0x0101 => Some(Self::ConnClosed),
             0x0200 => Some(Self::GpuKernel),
             0x0201 => Some(Self::GpuGraph),
             0x0202 => Some(Self::GpuMem),
@@ -209,6 +215,8 @@ pub enum AnyRecord<'a> {
     ProcessEvent(ProcessEventRecord),
     /// See [`TcpRetransmitRecord`].
     TcpRetransmit(TcpRetransmitRecord),
+    /// See [`ConnClosedRecord`].
+    ConnClosed(ConnClosedRecord),
     /// See [`GpuKernelRecord`].
     GpuKernel(GpuKernelRecord),
     /// See [`GpuGraphRecord`].
@@ -309,6 +317,10 @@ pub fn decode(bytes: &[u8]) -> Result<(AnyRecord<'_>, usize), DecodeError> {
         Some(RecordKind::TcpRetransmit) => {
             let r = decode_as::<TcpRetransmitRecord>(bytes)?;
             Ok((AnyRecord::TcpRetransmit(r), header.len as usize))
+        }
+        Some(RecordKind::ConnClosed) => {
+            let r = decode_as::<ConnClosedRecord>(bytes)?;
+            Ok((AnyRecord::ConnClosed(r), header.len as usize))
         }
         None => Err(DecodeError::UnknownKind { kind: header.kind }),
     }

@@ -92,10 +92,35 @@ pub struct ConnStats {
     pub last_ts: u64,
     /// [`CONN_CLOSED`] or 0.
     pub flags: u32,
-    /// Explicit padding; always 0.
-    pub _pad: u32,
+    /// Which connection at this socket address: a new one at a reused address gets another
+    /// (random, never 0), so the agent tells them apart even within one read.
+    pub generation: u32,
 }
 const _: () = assert!(size_of::<ConnStats>() == 80);
+
+/// A connection's last state when it reached `TCP_CLOSE`, sent through `NET_EVENTS` before its
+/// `CONNS` entry is deleted, so that a socket address reused right away cannot overwrite it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnClosedRecord {
+    /// `{ kind: ConnClosed, version: 1, len: 96 }`.
+    pub header: RecordHeader,
+    /// Kernel address of the socket (the `CONNS` key it had).
+    pub skaddr: u64,
+    /// The entry as it was at the close (with [`CONN_CLOSED`]).
+    pub stats: ConnStats,
+}
+const _: () = assert!(size_of::<ConnClosedRecord>() == 96);
+
+// SAFETY: repr(C), header first, integers only, no implicit padding (size pinned above).
+unsafe impl Record for ConnClosedRecord {
+    const KIND: RecordKind = RecordKind::ConnClosed;
+    const VERSION: u16 = 1;
+
+    fn header(&self) -> &RecordHeader {
+        &self.header
+    }
+}
 
 #[cfg(feature = "user")]
 mod pod {
@@ -103,6 +128,8 @@ mod pod {
     unsafe impl aya::Pod for super::TcpRetransmitRecord {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::ConnStats {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ConnClosedRecord {}
 }
 
 /// Byte offsets of the classic tracepoint fields the network programs read, taken by the agent

@@ -81,7 +81,8 @@ struct ConnState {
 
 /// Folds successive reads of the connection map.
 pub struct ConnTable {
-    conns: BTreeMap<u64, ConnState>,
+    /// By (socket address, generation): a new connection at a reused address is another.
+    conns: BTreeMap<(u64, u32), ConnState>,
     totals: BTreeMap<(u32, Role), u64>,
     recent: VecDeque<Retransmit>,
     tick: u64,
@@ -120,11 +121,14 @@ impl ConnTable {
         });
     }
 
-    /// Applies one full read of the map; roles and names come from the thread snapshot.
-    /// Connections whose owner is outside the job are ignored when `in_job` says so.
+    /// Applies one full read of the map, then the final states of connections that closed
+    /// (`closed`, from `ConnClosedRecord`s: their map entries are gone); roles and names come
+    /// from the thread snapshot. Connections whose owner is outside the job are ignored when
+    /// `in_job` says so.
     pub fn apply(
         &mut self,
         reads: &[ConnRead],
+        closed: &[ConnRead],
         threads: Option<&ThreadsSnapshot>,
         in_job: impl Fn(u32) -> bool,
     ) -> NetSnapshot {
@@ -135,35 +139,39 @@ impl ConnTable {
                 .and_then(|t| t.thread(tid))
                 .map_or(Role::Other, |t| t.role)
         };
-        for r in reads {
+        for r in reads.iter().chain(closed) {
             if r.stats.tgid != 0 && !in_job(r.stats.tgid) {
                 continue;
             }
-            let closed = r.stats.flags & CONN_CLOSED != 0;
-            let state = self.conns.entry(r.sk).or_insert_with(|| ConnState {
-                last: ConnStats {
+            let closing = r.stats.flags & CONN_CLOSED != 0;
+            let state = self
+                .conns
+                .entry((r.sk, r.stats.generation))
+                .or_insert_with(|| ConnState {
+                    last: ConnStats {
+                        retransmits: 0,
+                        ..r.stats
+                    },
                     retransmits: 0,
-                    ..r.stats
-                },
-                retransmits: 0,
-                closed_at_tick: None,
-                last_active_tick: tick,
-            });
-            // A socket address reused by a new connection starts from zero in the kernel.
-            let delta = r
-                .stats
-                .retransmits
-                .checked_sub(state.last.retransmits)
-                .unwrap_or(r.stats.retransmits);
+                    closed_at_tick: None,
+                    last_active_tick: tick,
+                });
+            // Counters of one connection only grow: an older value (a read taken before a
+            // close handed over the final one) adds nothing.
+            let delta = r.stats.retransmits.saturating_sub(state.last.retransmits);
+            if r.stats.retransmits < state.last.retransmits {
+                continue;
+            }
             if delta > 0 || r.stats.last_ts != state.last.last_ts {
                 state.last_active_tick = tick;
             }
             state.retransmits += delta;
+            let was_closed = state.closed_at_tick.is_some();
             state.last = r.stats;
-            if closed {
+            // A closed connection stays closed (its generation is never reused).
+            if closing || was_closed {
                 state.closed_at_tick.get_or_insert(tick);
-            } else {
-                state.closed_at_tick = None;
+                state.last.flags |= CONN_CLOSED;
             }
             if delta > 0 {
                 *self
@@ -259,45 +267,38 @@ mod tests {
             snd_cwnd: 10,
             last_ts: retransmits,
             flags: 0,
-            _pad: 0,
+            generation: 7,
         }
     }
 
     #[test]
     fn retransmits_accumulate_through_close_and_reuse() {
         let mut t = ConnTable::new(1, 10);
-        let s = t.apply(
-            &[ConnRead {
-                sk: 1,
-                stats: conn(5, 6, 3, 1000),
-            }],
-            None,
-            |_| true,
-        );
+        let read = |stats| ConnRead { sk: 1, stats };
+        let s = t.apply(&[read(conn(5, 6, 3, 1000))], &[], None, |_| true);
         assert_eq!(s.conns[0].retransmits, 3);
+        // It closes with 4: the final state comes from the closed record; the map entry is
+        // gone (a stale read of the entry in the same tick adds nothing).
         let mut closed = conn(5, 6, 4, 1000);
         closed.flags = CONN_CLOSED;
-        let s = t.apply(
-            &[ConnRead {
-                sk: 1,
-                stats: closed,
-            }],
-            None,
-            |_| true,
-        );
+        let s = t.apply(&[read(conn(5, 6, 3, 1000))], &[read(closed)], None, |_| {
+            true
+        });
+        assert_eq!(s.conns.len(), 1);
         assert!(s.conns[0].closed);
         assert_eq!(s.retransmits[&(5, Role::Other)], 4);
-        // Same socket address, a new connection whose kernel count restarted.
-        let s = t.apply(
-            &[ConnRead {
-                sk: 1,
-                stats: conn(5, 6, 1, 1001),
-            }],
-            None,
-            |_| true,
-        );
+        // Same socket address, a new connection (another generation): a row of its own, and
+        // the closed one keeps its count.
+        let mut reused = conn(5, 6, 1, 1001);
+        reused.generation = 8;
+        let s = t.apply(&[read(reused)], &[], None, |_| true);
         assert_eq!(s.retransmits[&(5, Role::Other)], 5);
-        assert_eq!(s.conns[0].retransmits, 5);
+        assert_eq!(s.conns.len(), 2);
+        assert!(s.conns.iter().any(|c| c.closed && c.retransmits == 4));
+        assert!(s.conns.iter().any(|c| !c.closed && c.retransmits == 1));
+        // The closed one is gone after the retention.
+        let s = t.apply(&[read(reused)], &[], None, |_| true);
+        assert_eq!(s.conns.len(), 1);
     }
 
     #[test]
@@ -309,7 +310,7 @@ mod tests {
                 stats: conn(5, 6, i, 1000 + i as u16),
             })
             .collect();
-        let s = t.apply(&reads, None, |_| true);
+        let s = t.apply(&reads, &[], None, |_| true);
         assert_eq!(s.conns.len(), 2);
         assert_eq!(s.unlisted, 3);
         assert_eq!(s.conns[0].retransmits, 4);
@@ -324,6 +325,7 @@ mod tests {
                 sk: 1,
                 stats: conn(77, 78, 9, 1),
             }],
+            &[],
             None,
             |p| p != 77,
         );

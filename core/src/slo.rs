@@ -987,9 +987,14 @@ impl SloEngine {
         for p in &self.healthy {
             baseline.merge(p);
         }
+        // The latest window (the first breaching one is often half before the change), or as
+        // many recent ones as make ten iterations.
         let mut now = Profile::default();
-        for p in &self.recent {
+        for p in self.recent.iter().rev() {
             now.merge(p);
+            if now.iterations >= 10 {
+                break;
+            }
         }
         let attribution = attribute(&baseline, &now);
         for &i in which {

@@ -11,7 +11,7 @@
 //! the agent takes from BTF (`SOCK_OFFSETS`).
 
 use aya_ebpf::{
-    helpers::bpf_ktime_get_ns,
+    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
     macros::{btf_tracepoint, map, tracepoint},
     maps::{HashMap, RingBuf},
     programs::{BtfTracePointContext, TracePointContext},
@@ -19,8 +19,8 @@ use aya_ebpf::{
 };
 use slo_probe_common::{
     net::{AF_INET, AF_INET6},
-    ConnStats, Counter, NetTpOffsets, RecordHeader, SockOffsets, TcpRetransmitRecord, TcpTuple,
-    CONN_CLOSED,
+    ConnClosedRecord, ConnStats, Counter, NetTpOffsets, RecordHeader, SockOffsets,
+    TcpRetransmitRecord, TcpTuple, CONN_CLOSED,
 };
 
 use crate::shared::{
@@ -75,7 +75,7 @@ static SOCK_OFFSETS: SockOffsets = SockOffsets {
 #[map]
 static CONNS: HashMap<u64, ConnStats> = HashMap::with_max_entries(4096, 0);
 
-/// Retransmit records for the agent.
+/// Retransmit and connection-closed records for the agent.
 #[map]
 static NET_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
 
@@ -111,7 +111,7 @@ const EMPTY: ConnStats = ConnStats {
     snd_cwnd: 0,
     last_ts: 0,
     flags: 0,
-    _pad: 0,
+    generation: 0,
 };
 
 /// The entry of socket `sk`, created with owner `tgid`/`tid` when `create`.
@@ -126,11 +126,19 @@ fn conn(sk: u64, create: bool, tgid: u32, tid: u32) -> Option<*mut ConnStats> {
     let mut fresh = EMPTY;
     fresh.tgid = tgid;
     fresh.tid = tid;
+    fresh.generation = new_generation();
     if CONNS.insert(sk, fresh, BPF_NOEXIST).is_err() && unsafe { CONNS.get(sk) }.is_none() {
         count(Counter::ConnMapFull);
         return None;
     }
     CONNS.get_ptr_mut(sk)
+}
+
+/// A connection identity: random, never 0.
+#[inline(always)]
+fn new_generation() -> u32 {
+    // SAFETY: no preconditions.
+    (unsafe { bpf_get_prandom_u32() }) | 1
 }
 
 /// Sets the owner to the current thread; a closed socket reused at the same address starts over.
@@ -140,6 +148,7 @@ fn own(c: *mut ConnStats, tgid: u32, tid: u32) {
     unsafe {
         if (*c).flags & CONN_CLOSED != 0 {
             *c = EMPTY;
+            (*c).generation = new_generation();
         }
         (*c).tgid = tgid;
         (*c).tid = tid;
@@ -256,11 +265,31 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
         conn(sk, false, 0, 0)
     };
     let Some(c) = c else { return 0 };
+    if newstate == TCP_CLOSE {
+        // Hand the final state over through the ring and free the address for reuse; if the
+        // ring is full, leave the entry flagged for the agent's next read instead.
+        // SAFETY: pointer from a map lookup.
+        let stats = unsafe {
+            (*c).flags |= CONN_CLOSED;
+            (*c).last_ts = bpf_ktime_get_ns();
+            *c
+        };
+        let Some(mut entry) = NET_EVENTS.reserve::<ConnClosedRecord>(0) else {
+            count(Counter::EventRingFull);
+            return 0;
+        };
+        entry.write(ConnClosedRecord {
+            header: RecordHeader::of::<ConnClosedRecord>(),
+            skaddr: sk,
+            stats,
+        });
+        entry.submit(BPF_RB_NO_WAKEUP);
+        let _ = CONNS.remove(sk);
+        return 0;
+    }
     // SAFETY: pointer from a map lookup.
     unsafe {
-        if newstate == TCP_CLOSE {
-            (*c).flags |= CONN_CLOSED;
-        } else if newstate == TCP_ESTABLISHED || newstate == TCP_SYN_SENT {
+        if newstate == TCP_ESTABLISHED || newstate == TCP_SYN_SENT {
             let family = field::<u16>(&ctx, o.state_family).unwrap_or(0);
             read_tuple_v4v6(
                 &ctx,
