@@ -105,7 +105,7 @@ fn a_slower_job_opens_a_violation_in_the_agent() {
     let mut text = String::new();
     render_slo(&mut text, &[p]);
     assert!(text.contains(&format!(
-        "slo_probe_attribution_seconds{{pid=\"{pid}\",node=\"{}\",rank=\"1\",op=\"(data loading)\",dimension=\"data_loading\"}}",
+        "slo_probe_attribution_seconds{{pid=\"{pid}\",rank=\"\",job_id=\"\",node=\"{}\",cause_rank=\"1\",op=\"(data loading)\",dimension=\"data_loading\"}}",
         v.node
     )), "{text}");
 }

@@ -307,6 +307,10 @@ pub struct ShimProcess {
     pub strings_dropped: u64,
     /// The SLO tree of the process, as of its last closed window.
     pub slo: Option<crate::slo::SloSnapshot>,
+    /// Its rank in the job, from its environment (`RANK`, ...), when known.
+    pub rank: Option<u32>,
+    /// Its job, from its environment (`SLO_PROBE_JOB`, `TORCHELASTIC_RUN_ID`, ...), when known.
+    pub job_id: Option<String>,
 }
 
 /// A short readable label for a kernel name: Inductor's fused operators; else the demangled C++

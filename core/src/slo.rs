@@ -545,6 +545,10 @@ pub struct NodeView {
     pub windows: u64,
     /// Violations opened so far.
     pub violations: u64,
+    /// Judged windows that missed the threshold, so far (with `windows`: the error ratio).
+    pub missed: u64,
+    /// Compliance target (the error budget is `1 - target`).
+    pub target: f64,
 }
 
 /// The tree at one instant, for exporters, `top` and the healer.
@@ -609,6 +613,8 @@ struct Node {
     open: Option<usize>,
     /// Violations opened so far.
     opened: u64,
+    /// Judged windows that missed the threshold, so far.
+    missed: u64,
     last: Option<f64>,
     state: NodeState,
 }
@@ -723,6 +729,7 @@ impl SloEngine {
                 clear_streak: 0,
                 open: None,
                 opened: 0,
+                missed: 0,
                 last: None,
                 state: NodeState::Unknown,
             })
@@ -868,6 +875,7 @@ impl SloEngine {
             node.last = Some(value);
             let (threshold, source) = node.threshold();
             let met = node.meets(value, threshold, 0.0);
+            node.missed += u64::from(!met);
             node.judged.push_back(met);
             while node.judged.len() > spec.compliance_windows as usize {
                 node.judged.pop_front();
@@ -1110,6 +1118,8 @@ impl SloEngine {
                 state: n.state,
                 windows: n.windows,
                 violations: n.opened,
+                missed: n.missed,
+                target: n.spec.target,
             });
         }
         let worst = nodes
@@ -1142,6 +1152,8 @@ impl SloEngine {
                 state: worst,
                 windows: self.windows,
                 violations: self.next_id - 1,
+                missed: 0,
+                target: 0.0,
             },
         );
         let mut violations: Vec<Violation> = self

@@ -15,6 +15,7 @@ use hyper_util::rt::TokioIo;
 use slo_probe_common::Counter;
 use slo_probe_core::{
     cgroup::{CgroupRow, CpuStat},
+    gputrace::ShimProcess,
     net::{endpoints, ConnRow, NetSnapshot},
     snapshot::Snapshot,
     threads::{RunqCounts, ThreadCounts, ThreadsSnapshot},
@@ -504,6 +505,17 @@ fn render_cgroups(out: &mut String, snapshot: &Snapshot) {
     }
 }
 
+/// The labels of a training process's series: `pid`, and its `rank` and `job_id` from its
+/// environment (empty when unknown).
+pub(crate) fn proc_labels(p: &ShimProcess) -> String {
+    format!(
+        "pid=\"{}\",rank=\"{}\",job_id=\"{}\"",
+        p.pid,
+        p.rank.map(|r| r.to_string()).unwrap_or_default(),
+        escape(p.job_id.as_deref().unwrap_or(""))
+    )
+}
+
 fn render_shims(out: &mut String, snapshot: &Snapshot) {
     use slo_probe_common::ring::{
         STATUS_CONNECTED, STATUS_DIAGNOSTIC, STATUS_LOST_RACE, STATUS_TRACING,
@@ -525,8 +537,8 @@ fn render_shims(out: &mut String, snapshot: &Snapshot) {
         ] {
             let _ = writeln!(
                 out,
-                "slo_probe_shim_state{{pid=\"{}\",state=\"{state}\"}} {}",
-                p.pid,
+                "slo_probe_shim_state{{{},state=\"{state}\"}} {}",
+                proc_labels(p),
                 u8::from(on)
             );
         }
@@ -548,8 +560,8 @@ fn render_shims(out: &mut String, snapshot: &Snapshot) {
         ] {
             let _ = writeln!(
                 out,
-                "slo_probe_shim_records_total{{pid=\"{}\",kind=\"{kind}\"}} {n}",
-                p.pid
+                "slo_probe_shim_records_total{{{},kind=\"{kind}\"}} {n}",
+                proc_labels(p)
             );
         }
     }
@@ -569,8 +581,8 @@ fn render_shims(out: &mut String, snapshot: &Snapshot) {
         ] {
             let _ = writeln!(
                 out,
-                "slo_probe_shim_dropped_records_total{{pid=\"{}\",reason=\"{reason}\"}} {n}",
-                p.pid
+                "slo_probe_shim_dropped_records_total{{{},reason=\"{reason}\"}} {n}",
+                proc_labels(p)
             );
         }
     }
@@ -584,8 +596,9 @@ fn render_shims(out: &mut String, snapshot: &Snapshot) {
     for p in shims {
         let _ = writeln!(
             out,
-            "slo_probe_shim_operators_overflowed_total{{pid=\"{}\"}} {}",
-            p.pid, p.ops_overflowed
+            "slo_probe_shim_operators_overflowed_total{{{}}} {}",
+            proc_labels(p),
+            p.ops_overflowed
         );
     }
     header(
@@ -597,8 +610,9 @@ fn render_shims(out: &mut String, snapshot: &Snapshot) {
     for p in shims {
         let _ = writeln!(
             out,
-            "slo_probe_iterations_total{{pid=\"{}\"}} {}",
-            p.pid, p.iterations_total
+            "slo_probe_iterations_total{{{}}} {}",
+            proc_labels(p),
+            p.iterations_total
         );
     }
     header(
@@ -633,15 +647,15 @@ fn render_shims(out: &mut String, snapshot: &Snapshot) {
         for quantile in [0.5, 0.99] {
             let _ = writeln!(
                 out,
-                "slo_probe_iteration_duration_seconds{{pid=\"{}\",quantile=\"{quantile}\"}} {}",
-                p.pid,
+                "slo_probe_iteration_duration_seconds{{{},quantile=\"{quantile}\"}} {}",
+                proc_labels(p),
                 q(&walls, quantile)
             );
             if !lat.is_empty() {
                 let _ = writeln!(
                     out,
-                    "slo_probe_gpu_launch_latency_seconds{{pid=\"{}\",quantile=\"{quantile}\"}} {}",
-                    p.pid,
+                    "slo_probe_gpu_launch_latency_seconds{{{},quantile=\"{quantile}\"}} {}",
+                    proc_labels(p),
                     q(&lat, quantile)
                 );
             }
@@ -656,8 +670,8 @@ fn render_shims(out: &mut String, snapshot: &Snapshot) {
         busy.sort_by(f64::total_cmp);
         let _ = writeln!(
             out,
-            "slo_probe_iteration_gpu_busy_ratio{{pid=\"{}\"}} {}",
-            p.pid,
+            "slo_probe_iteration_gpu_busy_ratio{{{}}} {}",
+            proc_labels(p),
             busy[busy.len() / 2]
         );
     }

@@ -9,7 +9,7 @@ use slo_probe_core::{
     slo::{NodeState, Severity},
 };
 
-use super::prometheus::{escape, header};
+use super::prometheus::{escape, header, proc_labels};
 
 /// Every state a node can be in, for `slo_probe_slo_state`.
 const STATES: [NodeState; 5] = [
@@ -24,7 +24,7 @@ const STATES: [NodeState; 5] = [
 pub fn render_slo(out: &mut String, shims: &[ShimProcess]) {
     let trees: Vec<_> = shims
         .iter()
-        .filter_map(|p| p.slo.as_ref().map(|s| (p.pid, s)))
+        .filter_map(|p| p.slo.as_ref().map(|s| (proc_labels(p), s)))
         .collect();
     header(
         out,
@@ -35,7 +35,7 @@ pub fn render_slo(out: &mut String, shims: &[ShimProcess]) {
     );
     for (pid, s) in &trees {
         if let Some(v) = s.nodes.first().and_then(|r| r.compliance) {
-            let _ = writeln!(out, "slo_probe_slo_score{{pid=\"{pid}\"}} {v}");
+            let _ = writeln!(out, "slo_probe_slo_score{{{pid}}} {v}");
         }
     }
     header(
@@ -50,7 +50,7 @@ pub fn render_slo(out: &mut String, shims: &[ShimProcess]) {
             if let (Some(v), Some(m), Some(st)) = (n.value, n.metric, n.stat) {
                 let _ = writeln!(
                     out,
-                    "slo_probe_slo_value{{pid=\"{pid}\",node=\"{}\",metric=\"{}\",stat=\"{}\",\
+                    "slo_probe_slo_value{{{pid},node=\"{}\",metric=\"{}\",stat=\"{}\",\
                      unit=\"{}\"}} {v}",
                     escape(&n.name),
                     m.as_str(),
@@ -72,7 +72,7 @@ pub fn render_slo(out: &mut String, shims: &[ShimProcess]) {
             if let Some((t, src)) = n.threshold {
                 let _ = writeln!(
                     out,
-                    "slo_probe_slo_threshold{{pid=\"{pid}\",node=\"{}\",source=\"{}\"}} {t}",
+                    "slo_probe_slo_threshold{{{pid},node=\"{}\",source=\"{}\"}} {t}",
                     escape(&n.name),
                     src.as_str()
                 );
@@ -90,7 +90,7 @@ pub fn render_slo(out: &mut String, shims: &[ShimProcess]) {
             if let Some(b) = n.baseline {
                 let _ = writeln!(
                     out,
-                    "slo_probe_slo_baseline{{pid=\"{pid}\",node=\"{}\"}} {b}",
+                    "slo_probe_slo_baseline{{{pid},node=\"{}\"}} {b}",
                     escape(&n.name)
                 );
             }
@@ -116,14 +116,11 @@ pub fn render_slo(out: &mut String, shims: &[ShimProcess]) {
             if let Some(c) = n.compliance {
                 let _ = writeln!(
                     out,
-                    "slo_probe_slo_compliance_ratio{{pid=\"{pid}\",node=\"{node}\"}} {c}"
+                    "slo_probe_slo_compliance_ratio{{{pid},node=\"{node}\"}} {c}"
                 );
             }
             if let Some(b) = n.burn_rate {
-                let _ = writeln!(
-                    out,
-                    "slo_probe_slo_burn_rate{{pid=\"{pid}\",node=\"{node}\"}} {b}"
-                );
+                let _ = writeln!(out, "slo_probe_slo_burn_rate{{{pid},node=\"{node}\"}} {b}");
             }
         }
     }
@@ -139,12 +136,52 @@ pub fn render_slo(out: &mut String, shims: &[ShimProcess]) {
             for st in STATES {
                 let _ = writeln!(
                     out,
-                    "slo_probe_slo_state{{pid=\"{pid}\",node=\"{}\",state=\"{}\"}} {}",
+                    "slo_probe_slo_state{{{pid},node=\"{}\",state=\"{}\"}} {}",
                     escape(&n.name),
                     st.as_str(),
                     u8::from(n.state == st)
                 );
             }
+        }
+    }
+    header(
+        out,
+        "slo_probe_slo_windows_total",
+        "counter",
+        "SLO windows judged for the node (with slo_probe_slo_windows_missed_total: the error \
+         ratio over any range, for multi-window burn-rate rules).",
+    );
+    header(
+        out,
+        "slo_probe_slo_windows_missed_total",
+        "counter",
+        "SLO windows whose value missed the node's threshold.",
+    );
+    header(
+        out,
+        "slo_probe_slo_target",
+        "gauge",
+        "The node's compliance target: the share of windows that should meet the threshold \
+         (the error budget is 1 - target).",
+    );
+    for (pid, s) in &trees {
+        for n in s.nodes.iter().skip(1) {
+            let node = escape(&n.name);
+            let _ = writeln!(
+                out,
+                "slo_probe_slo_windows_total{{{pid},node=\"{node}\"}} {}",
+                n.windows
+            );
+            let _ = writeln!(
+                out,
+                "slo_probe_slo_windows_missed_total{{{pid},node=\"{node}\"}} {}",
+                n.missed
+            );
+            let _ = writeln!(
+                out,
+                "slo_probe_slo_target{{{pid},node=\"{node}\"}} {}",
+                n.target
+            );
         }
     }
     header(
@@ -158,7 +195,7 @@ pub fn render_slo(out: &mut String, shims: &[ShimProcess]) {
         for n in s.nodes.iter().skip(1) {
             let _ = writeln!(
                 out,
-                "slo_probe_slo_violations_total{{pid=\"{pid}\",node=\"{}\"}} {}",
+                "slo_probe_slo_violations_total{{{pid},node=\"{}\"}} {}",
                 escape(&n.name),
                 n.violations
             );
@@ -179,7 +216,7 @@ pub fn render_slo(out: &mut String, shims: &[ShimProcess]) {
             for (rank, c) in a.causes.iter().enumerate() {
                 let _ = writeln!(
                     out,
-                    "slo_probe_attribution_seconds{{pid=\"{pid}\",node=\"{}\",rank=\"{}\",\
+                    "slo_probe_attribution_seconds{{{pid},node=\"{}\",cause_rank=\"{}\",\
                      op=\"{}\",dimension=\"{}\"}} {}",
                     escape(&v.node),
                     rank + 1,
@@ -223,23 +260,28 @@ mod tests {
         }
         let shim = ShimProcess {
             pid: 42,
+            rank: Some(3),
+            job_id: Some("llama".into()),
             slo: Some(e.snapshot()),
             ..Default::default()
         };
         let mut out = String::new();
         render_slo(&mut out, &[shim]);
-        assert!(out.contains("slo_probe_slo_score{pid=\"42\"} "), "{out}");
+        assert!(
+            out.contains("slo_probe_slo_score{pid=\"42\",rank=\"3\",job_id=\"llama\"} "),
+            "{out}"
+        );
         assert!(out.contains(
-            "slo_probe_slo_value{pid=\"42\",node=\"iteration\",metric=\"iteration_time\",\
+            "slo_probe_slo_value{pid=\"42\",rank=\"3\",job_id=\"llama\",node=\"iteration\",metric=\"iteration_time\",\
              stat=\"p99\",unit=\"ms\"} "
         ));
         assert!(out.contains(
-            "slo_probe_slo_threshold{pid=\"42\",node=\"iteration\",source=\"baseline\"}"
+            "slo_probe_slo_threshold{pid=\"42\",rank=\"3\",job_id=\"llama\",node=\"iteration\",source=\"baseline\"}"
         ));
         assert!(
-            out.contains("slo_probe_slo_state{pid=\"42\",node=\"iteration\",state=\"critical\"} 1")
+            out.contains("slo_probe_slo_state{pid=\"42\",rank=\"3\",job_id=\"llama\",node=\"iteration\",state=\"critical\"} 1")
                 || out.contains(
-                    "slo_probe_slo_state{pid=\"42\",node=\"iteration\",state=\"warning\"} 1"
+                    "slo_probe_slo_state{pid=\"42\",rank=\"3\",job_id=\"llama\",node=\"iteration\",state=\"warning\"} 1"
                 ),
             "{out}"
         );

@@ -147,3 +147,60 @@ mod tests {
         assert!(lines[2].controllers.is_empty());
     }
 }
+
+/// Which rank of which job a training process is, from its environment: the rank from `RANK`
+/// (torchrun), else `SLURM_PROCID`, `OMPI_COMM_WORLD_RANK` or `PMI_RANK`; the job from
+/// `SLO_PROBE_JOB`, else `TORCHELASTIC_RUN_ID`, `SLURM_JOB_ID` or `JOB_ID`. Reading another
+/// user's `/proc/<pid>/environ` needs root or CAP_SYS_PTRACE; unreadable gives `(None, None)`.
+pub fn job_identity(pid: u32) -> (Option<u32>, Option<String>) {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .map(|b| parse_job_identity(&b))
+        .unwrap_or((None, None))
+}
+
+/// See [`job_identity`]: `environ` is NUL-separated `KEY=value` pairs.
+pub fn parse_job_identity(environ: &[u8]) -> (Option<u32>, Option<String>) {
+    let vars: Vec<(&[u8], &[u8])> = environ
+        .split(|b| *b == 0)
+        .filter_map(|kv| {
+            let i = kv.iter().position(|b| *b == b'=')?;
+            Some((&kv[..i], &kv[i + 1..]))
+        })
+        .collect();
+    let get = |k: &str| {
+        vars.iter()
+            .find(|(key, _)| *key == k.as_bytes())
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            .filter(|v| !v.is_empty())
+    };
+    let rank = ["RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"]
+        .iter()
+        .find_map(|k| get(k).and_then(|v| v.parse().ok()));
+    let job = [
+        "SLO_PROBE_JOB",
+        "TORCHELASTIC_RUN_ID",
+        "SLURM_JOB_ID",
+        "JOB_ID",
+    ]
+    .iter()
+    .find_map(|k| get(k))
+    .map(|j| j.chars().take(128).collect());
+    (rank, job)
+}
+
+#[cfg(test)]
+mod identity_tests {
+    use super::*;
+
+    #[test]
+    fn rank_and_job_from_the_environment() {
+        let env = b"PATH=/bin\0RANK=3\0LOCAL_RANK=1\0TORCHELASTIC_RUN_ID=llama-42\0";
+        assert_eq!(parse_job_identity(env), (Some(3), Some("llama-42".into())));
+        let env = b"SLURM_PROCID=7\0SLURM_JOB_ID=991\0SLO_PROBE_JOB=pretrain\0";
+        assert_eq!(parse_job_identity(env), (Some(7), Some("pretrain".into())));
+        assert_eq!(parse_job_identity(b"RANK=x\0JOB_ID=\0"), (None, None));
+        assert_eq!(parse_job_identity(b""), (None, None));
+        // Our own process: readable, usually neither is set.
+        let _ = job_identity(std::process::id());
+    }
+}

@@ -315,6 +315,7 @@ fn accept_loop(
                         let limits = s.limits;
                         s.conns.push(conn);
                         let spec = s.slo.clone();
+                        let (rank, job_id) = super::procfs::job_identity(pid);
                         let p = s.procs.entry(pid).or_insert_with(|| {
                             let mut asm = TraceAssembler::new();
                             asm.set_limits(limits);
@@ -322,6 +323,8 @@ fn accept_loop(
                                 info: ShimProcess {
                                     pid,
                                     cupti_version: conn_cupti,
+                                    rank,
+                                    job_id,
                                     ..Default::default()
                                 },
                                 asm,
