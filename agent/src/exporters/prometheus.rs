@@ -15,7 +15,7 @@ use hyper_util::rt::TokioIo;
 use slo_probe_common::Counter;
 use slo_probe_core::{
     cgroup::{CgroupRow, CpuStat},
-    gputrace::ShimProcess,
+    gputrace::{Iteration, ShimProcess},
     net::{endpoints, ConnRow, NetSnapshot},
     snapshot::Snapshot,
     threads::{RunqCounts, ThreadCounts, ThreadsSnapshot},
@@ -630,6 +630,16 @@ fn render_shims(out: &mut String, snapshot: &Snapshot) {
     );
     header(
         out,
+        "slo_probe_iteration_phase_seconds",
+        "gauge",
+        "Time per iteration by phase over the recent window, by quantile: GPU compute, \
+         communication (NCCL kernels) and memory operations, host_wait (GPU idle before the \
+         iteration's first activity: data loading, the host) and launch_gaps (GPU idle between \
+         activities). In synchronous data parallel training the straggler rank has the most \
+         host_wait and the least communication: the others wait for it inside the all-reduce.",
+    );
+    header(
+        out,
         "slo_probe_gpu_launch_latency_seconds",
         "gauge",
         "Launch latency (API entry to GPU start) over the recent window, by quantile.",
@@ -657,6 +667,25 @@ fn render_shims(out: &mut String, snapshot: &Snapshot) {
                     "slo_probe_gpu_launch_latency_seconds{{{},quantile=\"{quantile}\"}} {}",
                     proc_labels(p),
                     q(&lat, quantile)
+                );
+            }
+        }
+        let phases: [(&str, fn(&Iteration) -> u64); 5] = [
+            ("compute", |i| i.compute_ns),
+            ("communication", |i| i.comm_ns),
+            ("memory", |i| i.memory_ns),
+            ("host_wait", |i| i.idle_before_first_ns),
+            ("launch_gaps", |i| i.gaps_ns),
+        ];
+        for (phase, of) in phases {
+            let mut v: Vec<u64> = p.iterations.iter().map(of).collect();
+            v.sort_unstable();
+            for quantile in [0.5, 0.99] {
+                let _ = writeln!(
+                    out,
+                    "slo_probe_iteration_phase_seconds{{{},phase=\"{phase}\",quantile=\"{quantile}\"}} {}",
+                    proc_labels(p),
+                    q(&v, quantile)
                 );
             }
         }
