@@ -78,6 +78,8 @@ pub struct Config {
     pub shim: ShimConfig,
     /// `[gpu]`.
     pub gpu: GpuConfig,
+    /// `[otlp]`: OTLP push.
+    pub otlp: OtlpConfig,
     /// `[slo]`: the SLO tree, its windows and detection (the seed's tree when no node is
     /// given).
     pub slo: slo_probe_core::slo::SloSpec,
@@ -144,6 +146,41 @@ impl Default for GpuConfig {
         Self {
             nvml: true,
             sample_ms: DEFAULT_GPU_SAMPLE_MS,
+        }
+    }
+}
+
+/// `[otlp]`: OTLP push to a collector. The standard `OTEL_EXPORTER_OTLP_*` variables apply
+/// where a key here is left empty.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OtlpConfig {
+    /// Push or not; unset: on when an OTLP endpoint is given here or in
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` (or its `_METRICS_`/`_TRACES_` variants).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// `grpc` or `http/protobuf`; empty: `OTEL_EXPORTER_OTLP_PROTOCOL`, then `grpc`.
+    pub protocol: String,
+    /// Base endpoint, e.g. `http://collector:4317`; empty: the environment's, then
+    /// localhost:4317 (gRPC) or :4318 (HTTP).
+    pub endpoint: String,
+    /// Metric export period in ms; 0: `OTEL_METRIC_EXPORT_INTERVAL`, then 10000.
+    pub interval_ms: u64,
+    /// Export timeout in ms; 0: `OTEL_EXPORTER_OTLP_TIMEOUT`, then 10000.
+    pub timeout_ms: u64,
+    /// Send SLO violations as traces. Default true.
+    pub traces: bool,
+}
+
+impl Default for OtlpConfig {
+    fn default() -> Self {
+        Self {
+            enabled: None,
+            protocol: String::new(),
+            endpoint: String::new(),
+            interval_ms: 0,
+            timeout_ms: 0,
+            traces: true,
         }
     }
 }
@@ -365,6 +402,22 @@ impl Config {
             ));
         }
         self.slo.validate()?;
+        if !self.otlp.protocol.is_empty()
+            && crate::exporters::otlp::Transport::parse(&self.otlp.protocol).is_none()
+        {
+            return Err(invalid(
+                "otlp.protocol",
+                &self.otlp.protocol,
+                "must be \"grpc\" or \"http/protobuf\"",
+            ));
+        }
+        if self.otlp.interval_ms != 0 && !(100..=3_600_000).contains(&self.otlp.interval_ms) {
+            return Err(invalid(
+                "otlp.interval_ms",
+                &self.otlp.interval_ms,
+                "must be 0 (the environment's) or 100..=3600000 ms",
+            ));
+        }
         let rq = &self.probes.runqueue;
         if rq.max_threads == 0 || rq.max_threads > 1 << 22 {
             return Err(invalid(

@@ -14,7 +14,7 @@ use slo_probe::{
     collector::{self, Collector},
     config::{Config, DEFAULT_TOML},
     error_chain,
-    exporters::prometheus::PrometheusServer,
+    exporters::{self, prometheus::PrometheusServer},
     observe,
     preflight::Preflight,
     replay,
@@ -318,9 +318,25 @@ fn agent(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
                 "serving Prometheus metrics at http://{}/metrics",
                 server.local_addr()?
             );
-            Some(tokio::spawn(server.serve(rx, shutdown_rx)))
+            Some(tokio::spawn(server.serve(rx.clone(), shutdown_rx.clone())))
         } else {
             None
+        };
+        let otlp = match exporters::otlp::Settings::resolve(&config.otlp) {
+            Ok(Some(settings)) => {
+                let exporter = exporters::otlp::OtlpExporter::new(
+                    settings,
+                    std::time::Duration::from_secs(config.agent.retention_s),
+                )
+                .map_err(|e| anyhow::anyhow!("OTLP: {e}"))?;
+                Some(tokio::spawn(exporters::otlp::run(
+                    exporter,
+                    rx.clone(),
+                    shutdown_rx.clone(),
+                )))
+            }
+            Ok(None) => None,
+            Err(e) => anyhow::bail!("OTLP: {e}"),
         };
         let stop = Arc::new(AtomicBool::new(false));
         let handle = collector::spawn(collector, config.tick(), tx, stop.clone())
@@ -335,6 +351,9 @@ fn agent(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
         let _ = shutdown_tx.send(true);
         if let Some(s) = server {
             let _ = s.await;
+        }
+        if let Some(o) = otlp {
+            let _ = o.await;
         }
         let collector = tokio::task::spawn_blocking(move || handle.join())
             .await
