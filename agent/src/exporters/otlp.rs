@@ -33,7 +33,9 @@ use opentelemetry::{
     trace::{Span as _, SpanKind, Status, TraceContextExt as _, Tracer as _, TracerProvider as _},
     Context, KeyValue,
 };
-use opentelemetry_otlp::{Protocol, WithExportConfig as _};
+use opentelemetry_otlp::{
+    Protocol, RetryPolicy, WithExportConfig as _, WithHttpConfig as _, WithTonicConfig as _,
+};
 use opentelemetry_sdk::{
     metrics::{PeriodicReader, SdkMeterProvider},
     trace::SdkTracerProvider,
@@ -138,21 +140,21 @@ fn unit_of(name: &str) -> &'static str {
     ""
 }
 
+/// Samples by owner (a training process's pid; `None`: the node), then by family.
+type ByOwner = HashMap<Option<u32>, HashMap<String, Vec<Point>>>;
+
+/// A sample's name, labels and value.
+type Sample<'a> = (&'a str, Vec<(String, String)>, f64);
+
 /// Parses Prometheus text exposition (as [`super::prometheus::render`] writes it) into families
 /// and samples keyed by the process (`pid` label) they belong to (`None`: the node). Per-thread
 /// families and histogram buckets are left out; a histogram's `_sum` and `_count` become
 /// counters.
-fn parse_exposition(
-    text: &str,
-    procs: &HashSet<u32>,
-) -> (
-    HashMap<String, Family>,
-    HashMap<Option<u32>, HashMap<String, Vec<Point>>>,
-) {
+fn parse_exposition(text: &str, procs: &HashSet<u32>) -> (HashMap<String, Family>, ByOwner) {
     let mut families: HashMap<String, Family> = HashMap::new();
     let mut help: HashMap<&str, &str> = HashMap::new();
     let mut kinds: HashMap<&str, &str> = HashMap::new();
-    let mut points: HashMap<Option<u32>, HashMap<String, Vec<Point>>> = HashMap::new();
+    let mut points: ByOwner = HashMap::new();
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("# HELP ") {
             if let Some((name, h)) = rest.split_once(' ') {
@@ -218,7 +220,7 @@ fn parse_exposition(
 }
 
 /// `name{a="x",b="y"} value` → its parts (label values unescaped).
-fn parse_sample(line: &str) -> Option<(&str, Vec<(String, String)>, f64)> {
+fn parse_sample(line: &str) -> Option<Sample<'_>> {
     let (head, value) = line.rsplit_once(' ')?;
     let value = match value {
         "+Inf" => f64::INFINITY,
@@ -304,7 +306,8 @@ impl Target {
                 Transport::Grpc => {
                     let mut b = opentelemetry_otlp::SpanExporter::builder()
                         .with_tonic()
-                        .with_timeout(cfg.timeout);
+                        .with_timeout(SPAN_RETRY_WINDOW.max(cfg.timeout))
+                        .with_retry_policy(span_retries());
                     if let Some(e) = &cfg.endpoint {
                         b = b.with_endpoint(e.clone());
                     }
@@ -314,7 +317,8 @@ impl Target {
                     let mut b = opentelemetry_otlp::SpanExporter::builder()
                         .with_http()
                         .with_protocol(Protocol::HttpBinary)
-                        .with_timeout(cfg.timeout);
+                        .with_timeout(SPAN_RETRY_WINDOW.max(cfg.timeout))
+                        .with_retry_policy(span_retries());
                     if let Some(e) = &cfg.endpoint {
                         b = b.with_endpoint(format!("{}/v1/traces", e.trim_end_matches('/')));
                     }
@@ -391,13 +395,27 @@ impl Target {
         }
     }
 
-    /// Flushes and stops both providers (blocking up to the export timeout).
-    fn shutdown(self) {
-        let _ = self.meters.shutdown();
+    /// Flushes and stops both providers (blocking a few seconds at most: a span batch still
+    /// retrying for a receiver that is down is given up).
+    fn shutdown(self, timeout: Duration) {
+        let _ = self.meters.shutdown_with_timeout(timeout);
         if let Some(t) = self.tracer {
-            let _ = t.shutdown();
+            let _ = t.shutdown_with_timeout(timeout);
         }
     }
+}
+
+/// Violations are rare and each one matters: their spans are retried for five minutes (the
+/// exporter's deadline bounds its retries; the batch processor's queue, bounded, holds the later
+/// spans meanwhile), so that a collector restart does not lose them. Metrics need no such thing:
+/// they are cumulative, and keep the configured timeout.
+const SPAN_RETRY_WINDOW: Duration = Duration::from_secs(300);
+
+fn span_retries() -> RetryPolicy {
+    RetryPolicy::recommended()
+        .with_max_retries(64)
+        .with_initial_delay(Duration::from_millis(500))
+        .with_max_delay(Duration::from_secs(10))
 }
 
 /// The exporter's settings, resolved.
@@ -649,6 +667,7 @@ impl OtlpExporter {
     /// metric families are re-read at most four times per export period.
     pub fn update(&mut self, snap: &Snapshot) {
         let now = snap.taken_at_ns;
+
         for p in &snap.shims {
             if !self.procs.contains_key(&p.pid) {
                 let identity = proc_identity(p, snap.gpus.as_ref());
@@ -703,6 +722,12 @@ impl OtlpExporter {
                 if ready && proc.violations_sent.insert(v.id) {
                     send_violation(tracer, p, &proc.identity, v, now);
                     self.spans_sent += 1;
+                    log::info!(
+                        "OTLP: violation {} of process {} ({}) queued as a trace",
+                        v.id,
+                        p.pid,
+                        v.node
+                    );
                 }
             }
         }
@@ -718,7 +743,8 @@ impl OtlpExporter {
             .collect();
         for pid in gone {
             if let Some(p) = self.procs.remove(&pid) {
-                std::thread::spawn(move || p.target.shutdown());
+                let timeout = self.settings.timeout;
+                std::thread::spawn(move || p.target.shutdown(timeout));
             }
         }
         let every = self.settings.interval.as_nanos() as u64 / 4;
@@ -738,11 +764,12 @@ impl OtlpExporter {
 
     /// Flushes everything and stops (blocking up to the export timeout per provider).
     pub fn shutdown(self) {
+        let timeout = self.settings.timeout.min(Duration::from_secs(5));
         let mut handles = Vec::new();
         for (_, p) in self.procs {
-            handles.push(std::thread::spawn(move || p.target.shutdown()));
+            handles.push(std::thread::spawn(move || p.target.shutdown(timeout)));
         }
-        self.node.shutdown();
+        self.node.shutdown(timeout);
         for h in handles {
             let _ = h.join();
         }

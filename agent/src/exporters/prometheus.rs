@@ -670,7 +670,8 @@ fn render_shims(out: &mut String, snapshot: &Snapshot) {
                 );
             }
         }
-        let phases: [(&str, fn(&Iteration) -> u64); 5] = [
+        type Phase = (&'static str, fn(&Iteration) -> u64);
+        let phases: [Phase; 5] = [
             ("compute", |i| i.compute_ns),
             ("communication", |i| i.comm_ns),
             ("memory", |i| i.memory_ns),
