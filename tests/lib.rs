@@ -2,6 +2,8 @@
 //! independently of the probes.
 
 use std::{
+    path::PathBuf,
+    process::Command,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -255,4 +257,39 @@ pub fn agrees(probe: u64, reference: u64, rel: f64, abs: u64) -> Result<(), Stri
             "probe {probe} vs reference {reference}: differ by {diff}, allowed {allowed}"
         ))
     }
+}
+
+/// The directory holding the test binaries' siblings: `target/<profile>`.
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary");
+    exe.parent()
+        .and_then(|d| d.parent())
+        .expect("target dir")
+        .to_path_buf()
+}
+
+/// A workspace artefact in `target/<profile>` (`slo-probe`, `libslo_probe_cupti.so`), built or
+/// found up to date by cargo first: `cargo test` of this crate does not build the agent's binary
+/// or the shim, and a stale one would test old code.
+pub fn artefact(file: &str, package: &str) -> PathBuf {
+    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = target_dir();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "-q", "-p", package]);
+    if dir.ends_with("release") {
+        cmd.arg("--release");
+    }
+    assert!(
+        cmd.status().expect("cargo build").success(),
+        "cargo build -p {package}"
+    );
+    let path = dir.join(file);
+    assert!(
+        path.exists(),
+        "{} missing after building {package}",
+        path.display()
+    );
+    path
 }

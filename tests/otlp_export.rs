@@ -32,6 +32,7 @@ use opentelemetry_proto::tonic::{
     trace::v1::Span,
 };
 use prost::Message as _;
+use slo_probe_tests::artefact;
 
 /// What a receiver got.
 #[derive(Default)]
@@ -183,33 +184,6 @@ fn free_addr() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("free port")
-}
-
-fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary");
-    exe.parent()
-        .and_then(|d| d.parent())
-        .expect("target dir")
-        .to_path_buf()
-}
-
-/// A workspace artefact, built (or found up to date) by cargo first: `cargo test` of this crate
-/// does not build the agent's binary or the shim, and a stale one would test old code.
-fn artefact(name: &str, package: &str) -> PathBuf {
-    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one_at_a_time = BUILD.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = target_dir();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.args(["build", "-q", "-p", package]);
-    if dir.ends_with("release") {
-        cmd.arg("--release");
-    }
-    assert!(
-        cmd.status().expect("cargo build").success(),
-        "cargo build -p {package}"
-    );
-    dir.join(name)
 }
 
 /// Kills its processes on the way out, whatever happens.

@@ -34,6 +34,7 @@ use std::{
 };
 
 use serde_json::Value;
+use slo_probe_tests::artefact;
 
 const PROMETHEUS: &str = "/usr/bin/prometheus";
 const JOB: &str = "ci-job";
@@ -177,39 +178,6 @@ impl Drop for Guard {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
-}
-
-/// The directory holding the test binaries' siblings: target/<profile>.
-fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary");
-    exe.parent()
-        .and_then(|d| d.parent())
-        .expect("target dir")
-        .to_path_buf()
-}
-
-/// A built artefact of the workspace next to the test binaries, built with cargo if missing.
-fn artefact(file: &str, package: &str) -> PathBuf {
-    let dir = target_dir();
-    let path = dir.join(file);
-    if !path.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-q", "-p", package]);
-        if dir.ends_with("release") {
-            cmd.arg("--release");
-        }
-        assert!(
-            cmd.status().expect("cargo build").success(),
-            "build {package}"
-        );
-    }
-    assert!(
-        path.exists(),
-        "{} missing after building {package}",
-        path.display()
-    );
-    path
 }
 
 fn repo_root() -> PathBuf {

@@ -13,25 +13,8 @@ use std::{
 use slo_probe::sources::shim::ShimSource;
 use slo_probe_core::gputrace::ShimProcess;
 
-/// `target/<profile>/libslo_probe_cupti.so`, built if a plain `cargo test` did not build it.
 fn shim_library() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary");
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target dir")
-        .to_path_buf();
-    let lib = dir.join("libslo_probe_cupti.so");
-    if !lib.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-q", "-p", "slo-probe-cupti"]);
-        if dir.ends_with("release") {
-            cmd.arg("--release");
-        }
-        assert!(cmd.status().expect("cargo build").success());
-    }
-    lib
+    slo_probe_tests::artefact("libslo_probe_cupti.so", "slo-probe-cupti")
 }
 
 /// A python process that loads the shim and marks `steps` steps, `gap_ms` apart.

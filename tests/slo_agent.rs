@@ -14,23 +14,7 @@ use slo_probe::{exporters::slo::render_slo, sources::shim::ShimSource};
 use slo_probe_core::{attribution::DATA_LOADING_OP, slo::SloSpec};
 
 fn shim_library() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary");
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target dir")
-        .to_path_buf();
-    let lib = dir.join("libslo_probe_cupti.so");
-    if !lib.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-q", "-p", "slo-probe-cupti"]);
-        if dir.ends_with("release") {
-            cmd.arg("--release");
-        }
-        assert!(cmd.status().expect("cargo build").success());
-    }
-    lib
+    slo_probe_tests::artefact("libslo_probe_cupti.so", "slo-probe-cupti")
 }
 
 #[test]
