@@ -120,3 +120,64 @@ fn records_beyond_the_ring_are_dropped_and_counted() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// Root tier: a training process in its own pid namespace (a Kubernetes pod without hostPID)
+/// says its own pid, 1; the agent matches it to the host's pid through `NSpid` and registers
+/// it under the host's pid, the one the eBPF probes and /proc know.
+#[test]
+fn a_process_in_its_own_pid_namespace_registers_under_its_host_pid() {
+    if !slo_probe_tests::root_or_skip("pid namespace registration") {
+        return;
+    }
+    let socket = socket_path("pidns");
+    let src = ShimSource::start(&socket, &[], None).expect("listen");
+    let script = format!(
+        "import ctypes, os, time\n\
+         assert os.getpid() == 1, os.getpid()\n\
+         lib = ctypes.PyDLL({lib:?})\n\
+         lib.slo_probe_step_begin.argtypes = [ctypes.c_uint64]\n\
+         lib.slo_probe_step_end.argtypes = [ctypes.c_uint64]\n\
+         for i in range(50):\n\
+         \x20   lib.slo_probe_step_begin(i); lib.slo_probe_step_end(i); time.sleep(0.01)\n\
+         time.sleep(30)\n",
+        lib = shim_library().display().to_string(),
+    );
+    let mut child = Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child", "python3", "-c", &script])
+        .env("SLO_PROBE_SOCKET", &socket)
+        .env_remove("CUDA_INJECTION64_PATH")
+        .spawn()
+        .expect("unshare");
+    // unshare forks python3: the registered pid is that child's, on the host.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let p = loop {
+        if let Some(p) = src.snapshot().into_iter().find(|p| p.seen[5] >= 20) {
+            break p;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the namespaced shim never registered"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let status = std::fs::read_to_string(format!("/proc/{}/status", p.pid)).expect("status");
+    let nspid = status
+        .lines()
+        .find(|l| l.starts_with("NSpid:"))
+        .expect("NSpid")
+        .to_owned();
+    let ppid: u32 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("PPid");
+    let _ = child.kill();
+    let _ = child.wait();
+    eprintln!("registered pid {} ({nspid}), parent {ppid}", p.pid);
+    assert_eq!(
+        ppid,
+        child.id(),
+        "the registered pid is unshare's child on the host"
+    );
+    assert!(nspid.trim_end().ends_with("\t1"), "{nspid}");
+}

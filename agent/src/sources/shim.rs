@@ -367,11 +367,29 @@ fn register(stream: UnixStream, me: u32, allowed: &[u32]) -> io::Result<Conn> {
     let (hello, fd) = recv_with_fd(&stream)?;
     let hello = ShimHello::from_bytes(&hello)
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not a shim hello"))?;
-    if hello.pid != cred.pid as u32 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("hello for pid {} from pid {}", hello.pid, cred.pid),
-        ));
+    // The kernel gives the peer's pid in our namespace; the shim says its own, which differs in
+    // a container with its own pid namespace (a Kubernetes pod without hostPID). It must be the
+    // peer's pid in its innermost namespace; the host's pid is used from here on (the eBPF
+    // probes and /proc speak it).
+    let host_pid = cred.pid as u32;
+    if hello.pid != host_pid {
+        let inner = std::fs::read_to_string(format!("/proc/{host_pid}/status"))
+            .ok()
+            .and_then(|s| innermost_nspid(&s));
+        if inner != Some(hello.pid) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "hello for pid {} from pid {host_pid} (pid {} in its own namespace)",
+                    hello.pid,
+                    inner.map_or("unknown".into(), |p| p.to_string())
+                ),
+            ));
+        }
+        log::info!(
+            "shim of pid {host_pid} registered from a pid namespace where it is pid {}",
+            hello.pid
+        );
     }
     let len = usize::try_from(hello.ring_len)
         .ok()
@@ -405,13 +423,25 @@ fn register(stream: UnixStream, me: u32, allowed: &[u32]) -> io::Result<Conn> {
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
     stream.set_nonblocking(true)?;
     Ok(Conn {
-        pid: hello.pid,
+        pid: host_pid,
         cupti_version: hello.cupti_version,
         stream,
         ring,
         _mapping: mapping,
         closed: false,
     })
+}
+
+/// The pid in the innermost pid namespace, from `/proc/<pid>/status`'s `NSpid:` line (one pid
+/// per nested namespace, outermost first).
+fn innermost_nspid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
 }
 
 fn peer_cred(s: &UnixStream) -> io::Result<libc::ucred> {
@@ -593,4 +623,17 @@ fn drain_all(s: &mut State, flush: bool) {
         }
         !c.closed
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::innermost_nspid;
+
+    #[test]
+    fn innermost_pid_of_a_containerised_process() {
+        let status = "Name:\tpython3\nTgid:\t48211\nPid:\t48211\nNSpid:\t48211\t7\nPPid:\t1\n";
+        assert_eq!(innermost_nspid(status), Some(7));
+        assert_eq!(innermost_nspid("Pid:\t5\nNSpid:\t5\n"), Some(5));
+        assert_eq!(innermost_nspid("Pid:\t5\n"), None);
+    }
 }
