@@ -110,6 +110,8 @@ def main():
     p.add_argument("--dim", type=int, default=512)
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
+    p.add_argument("--share-gpu", action="store_true",
+                   help="put every rank on GPU 0 (with --backend gloo: several ranks on one GPU)")
     p.add_argument("--backend", default=None, help="torch.distributed backend (default nccl on GPU, gloo on CPU)")
     p.add_argument("--dump-threads", default=None, help="write the job's threads to FILE at the middle step")
     p.add_argument("--json", default=None, help="append the run's result as a JSON line to FILE")
@@ -135,8 +137,11 @@ def main():
     dist.init_process_group(backend)
     rank = dist.get_rank()
     if args.device == "cuda":
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        # --share-gpu: every rank on GPU 0 (several ranks on a one-GPU machine; NCCL refuses
+        # that, use --backend gloo).
+        index = 0 if args.share_gpu else int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
     else:
         device = torch.device("cpu")
 
