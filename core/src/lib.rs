@@ -14,5 +14,6 @@ pub mod proctree;
 pub mod roles;
 pub mod slo;
 pub mod snapshot;
+pub mod straggler;
 pub mod synth;
 pub mod threads;

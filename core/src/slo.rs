@@ -454,9 +454,10 @@ impl Severity {
 }
 
 /// A node's state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum NodeState {
     /// No window judged yet.
+    #[default]
     Unknown,
     /// Within the threshold.
     Ok,
@@ -511,7 +512,7 @@ pub struct Violation {
 }
 
 /// One node as of the last window.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeView {
     /// Name.
     pub name: String,

@@ -117,6 +117,7 @@ pub fn render(snapshot: &Snapshot, per_thread: bool) -> String {
     }
     render_cgroups(&mut out, snapshot);
     render_shims(&mut out, snapshot);
+    render_stragglers(&mut out, &snapshot.shims);
     super::slo::render_slo(&mut out, &snapshot.shims);
     if let Some(g) = &snapshot.gpus {
         super::gpu::render_gpus(&mut out, g);
@@ -704,6 +705,59 @@ fn render_shims(out: &mut String, snapshot: &Snapshot) {
             proc_labels(p),
             busy[busy.len() / 2]
         );
+    }
+}
+
+/// The node's straggler view: jobs with two or more ranks here.
+fn render_stragglers(out: &mut String, shims: &[ShimProcess]) {
+    let views = slo_probe_core::straggler::stragglers(shims);
+    header(
+        out,
+        "slo_probe_straggler_score",
+        "gauge",
+        "A rank against the median of its job's other ranks on this node: signal noncomm (median \
+         iteration minus its communication kernels; the straggler waits least in the \
+         all-reduce) or host_delay (run-queue delay of its main, loader and communication \
+         threads plus cgroup throttling, ms/s, floor 1 ms/s).",
+    );
+    for v in &views {
+        let labels = format!(
+            "pid=\"{}\",rank=\"{}\",job_id=\"{}\"",
+            v.pid,
+            v.rank,
+            escape(&v.job_id)
+        );
+        if let Some(s) = v.noncomm_score {
+            let _ = writeln!(
+                out,
+                "slo_probe_straggler_score{{{labels},signal=\"noncomm\"}} {s}"
+            );
+        }
+        if let Some(s) = v.host_score {
+            let _ = writeln!(
+                out,
+                "slo_probe_straggler_score{{{labels},signal=\"host_delay\"}} {s}"
+            );
+        }
+    }
+    header(
+        out,
+        "slo_probe_straggler",
+        "gauge",
+        "1 for the rank named the straggler of its job on this node, with its cause: an SLO host \
+         node (host.runqueue.main, ...) or a GPU phase (compute, memory, host_wait, launch_gaps).",
+    );
+    for v in &views {
+        if let Some(cause) = &v.straggler {
+            let _ = writeln!(
+                out,
+                "slo_probe_straggler{{pid=\"{}\",rank=\"{}\",job_id=\"{}\",cause=\"{}\"}} 1",
+                v.pid,
+                v.rank,
+                escape(&v.job_id),
+                escape(cause)
+            );
+        }
     }
 }
 
