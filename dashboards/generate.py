@@ -606,6 +606,17 @@ def host():
         [('slo_probe:job_straggler_score:max{job_id=~"$job_id"}', "{{job_id}}")],
         unit="short", w=12,
     )
+    d.panel(
+        "timeseries", "Host straggler score by rank (recording rule)",
+        "slo_probe:host_straggler_score:ratio: a rank's CPU waits (run queue of its main, loader "
+        "and communication threads, cgroup throttling) against the job's best rank; the straggler "
+        "with a host cause stands out here whatever the collective (gloo included).",
+        [('slo_probe:host_straggler_score:ratio{job_id=~"$job_id",rank=~"$rank"}',
+          "{{job_id}} rank {{rank}}"),
+         ('slo_probe:rank_host_delay_ms_per_s{job_id=~"$job_id",rank=~"$rank"}',
+          "{{job_id}} rank {{rank}} delay ms/s")],
+        unit="short", w=12,
+    )
     return d
 
 
