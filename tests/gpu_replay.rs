@@ -223,6 +223,7 @@ fn replayed_iterations_align_to_nvml_samples() {
                 gpu_util_percent: Some(util(t)),
                 ..Default::default()
             }],
+            ..GpuSnapshot::default()
         });
         t += PERIOD;
     }

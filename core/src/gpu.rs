@@ -131,6 +131,112 @@ pub struct GpuSnapshot {
     pub devices: Vec<GpuSample>,
     /// CLOCK_MONOTONIC ns when the sample was taken.
     pub taken_at_ns: u64,
+    /// How the GPUs connect (read once when NVML opened them; shared by every snapshot).
+    pub topology: std::sync::Arc<Vec<GpuTopology>>,
+}
+
+/// The path between two GPUs, as NVML names it (`nvidia-smi topo -m`'s legend), best first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum GpuPath {
+    /// Direct NVLink(s) (`NV#`).
+    NvLink,
+    /// On the same board (`Internal`, e.g. a dual-GPU card).
+    Board,
+    /// Through at most one PCIe switch (`PIX`).
+    Pix,
+    /// Through several PCIe switches, no host bridge (`PXB`).
+    Pxb,
+    /// Through one PCIe host bridge (`PHB`).
+    Phb,
+    /// Through host bridges of one NUMA node (`NODE`).
+    Node,
+    /// Across NUMA nodes (`SYS`).
+    Sys,
+}
+
+impl GpuPath {
+    /// The label value: `nvlink`, `board`, `pix`, `pxb`, `phb`, `node`, `sys`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NvLink => "nvlink",
+            Self::Board => "board",
+            Self::Pix => "pix",
+            Self::Pxb => "pxb",
+            Self::Phb => "phb",
+            Self::Node => "node",
+            Self::Sys => "sys",
+        }
+    }
+}
+
+/// One GPU's place in the node: what the topology-aware strategy places ranks and loader
+/// threads by (seed §3.2).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GpuTopology {
+    /// NVML index.
+    pub index: u32,
+    /// NUMA node of its memory and PCIe root, when the driver says.
+    pub numa_node: Option<u32>,
+    /// CPUs close to it (NVML's ideal affinity), ascending.
+    pub cpu_affinity: Vec<u32>,
+    /// PCIe link generation: current, max.
+    pub pcie_generation: Option<(u32, u32)>,
+    /// PCIe link width in lanes: current, max.
+    pub pcie_width: Option<(u32, u32)>,
+    /// Active NVLinks.
+    pub nvlinks_active: Option<u32>,
+    /// Every other GPU: the path to it and the NVLinks between them.
+    pub peers: Vec<GpuPeer>,
+}
+
+/// The connection from one GPU to another.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuPeer {
+    /// The other GPU's NVML index.
+    pub index: u32,
+    /// The best path between them.
+    pub path: GpuPath,
+    /// Active NVLinks from this GPU that end at the other.
+    pub nvlinks: u32,
+    /// Whether peer-to-peer reads work between them (`None`: the driver did not say).
+    pub p2p_read: Option<bool>,
+}
+
+/// A CPU list as the kernel writes it: `0-15,32-47`.
+pub fn cpu_list(cpus: &[u32]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let start = cpus[i];
+        let mut end = start;
+        while i + 1 < cpus.len() && cpus[i + 1] == end + 1 {
+            i += 1;
+            end = cpus[i];
+        }
+        if !out.is_empty() {
+            out.push(',');
+        }
+        if start == end {
+            out.push_str(&start.to_string());
+        } else {
+            out.push_str(&format!("{start}-{end}"));
+        }
+        i += 1;
+    }
+    out
+}
+
+/// The CPUs set in NVML's affinity mask (64-bit words, CPU 0 in word 0's bit 0).
+pub fn cpus_of_mask(words: &[u64]) -> Vec<u32> {
+    let mut cpus = Vec::new();
+    for (w, word) in words.iter().enumerate() {
+        for bit in 0..64 {
+            if word & (1 << bit) != 0 {
+                cpus.push(w as u32 * 64 + bit);
+            }
+        }
+    }
+    cpus
 }
 
 /// What NVML saw on one GPU while one iteration ran: each metric is the mean of the samples
@@ -360,6 +466,7 @@ mod tests {
         for k in 1..=n {
             h.push(GpuSnapshot {
                 taken_at_ns: k * 100 * MS,
+                topology: Default::default(),
                 devices: (0..devices)
                     .map(|index| GpuSample {
                         index,
@@ -426,12 +533,22 @@ mod tests {
     }
 
     #[test]
+    fn cpu_lists_and_masks() {
+        assert_eq!(cpu_list(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
+        assert_eq!(cpu_list(&[]), "");
+        assert_eq!(cpus_of_mask(&[0xffff]), (0..16).collect::<Vec<_>>());
+        assert_eq!(cpus_of_mask(&[1, 1]), vec![0, 64]);
+        assert!(GpuPath::NvLink < GpuPath::Sys);
+    }
+
+    #[test]
     fn the_history_is_bounded_and_monotonic() {
         let mut h = history(3, 1);
         let before = h.len();
         h.push(GpuSnapshot {
             taken_at_ns: 250 * MS,
             devices: Vec::new(),
+            ..GpuSnapshot::default()
         });
         assert_eq!(h.len(), before, "an older snapshot is ignored");
         let mut small = GpuHistory::new(2);
@@ -439,6 +556,7 @@ mod tests {
             small.push(GpuSnapshot {
                 taken_at_ns: k,
                 devices: Vec::new(),
+                ..GpuSnapshot::default()
             });
         }
         assert_eq!(small.len(), 2);

@@ -79,8 +79,11 @@ fn median_of(its: &[Iteration], f: impl Fn(&Iteration) -> f64) -> Option<f64> {
     median(&mut v)
 }
 
-/// GPU phases of an iteration, s.
-const PHASES: [(&str, fn(&Iteration) -> u64); 4] = [
+/// A GPU phase of an iteration: its name and its time, ns.
+type Phase = (&'static str, fn(&Iteration) -> u64);
+
+/// The GPU phases a straggler's cause is looked for in.
+const PHASES: [Phase; 4] = [
     ("compute", |i| i.compute_ns),
     ("memory", |i| i.memory_ns),
     ("host_wait", |i| i.idle_before_first_ns),

@@ -160,6 +160,145 @@ fn labels(s: &GpuSample) -> String {
     )
 }
 
+/// The topology families: NUMA node and CPU affinity, PCIe link, NVLinks, the path to every
+/// other GPU.
+fn render_topology(out: &mut String, gpus: &GpuSnapshot) {
+    let topo = &gpus.topology;
+    if topo.is_empty() {
+        return;
+    }
+    let label_of = |index: u32| {
+        gpus.devices
+            .iter()
+            .find(|d| d.index == index)
+            .map(labels)
+            .unwrap_or_else(|| format!("gpu=\"{index}\",uuid=\"\",name=\"\""))
+    };
+    let uuid_of = |index: u32| {
+        gpus.devices
+            .iter()
+            .find(|d| d.index == index)
+            .map(|d| escape(&d.uuid))
+            .unwrap_or_default()
+    };
+    header(
+        out,
+        "slo_probe_gpu_numa_node",
+        "gauge",
+        "NUMA node of the GPU (its memory and PCIe root), as NVML reports it.",
+    );
+    for t in topo.iter() {
+        if let Some(n) = t.numa_node {
+            let _ = writeln!(out, "slo_probe_gpu_numa_node{{{}}} {n}", label_of(t.index));
+        }
+    }
+    header(
+        out,
+        "slo_probe_gpu_cpu_affinity_info",
+        "gauge",
+        "The CPUs close to the GPU (NVML's ideal affinity) as a kernel CPU list; always 1.",
+    );
+    header(
+        out,
+        "slo_probe_gpu_cpu_affinity_cpus",
+        "gauge",
+        "Number of CPUs close to the GPU.",
+    );
+    for t in topo.iter().filter(|t| !t.cpu_affinity.is_empty()) {
+        let l = label_of(t.index);
+        let _ = writeln!(
+            out,
+            "slo_probe_gpu_cpu_affinity_info{{{l},cpus=\"{}\"}} 1",
+            slo_probe_core::gpu::cpu_list(&t.cpu_affinity)
+        );
+        let _ = writeln!(
+            out,
+            "slo_probe_gpu_cpu_affinity_cpus{{{l}}} {}",
+            t.cpu_affinity.len()
+        );
+    }
+    header(
+        out,
+        "slo_probe_gpu_pcie_link_generation",
+        "gauge",
+        "PCIe link generation, current (it drops when idle) and max.",
+    );
+    for t in topo.iter() {
+        if let Some((cur, max)) = t.pcie_generation {
+            let l = label_of(t.index);
+            let _ = writeln!(
+                out,
+                "slo_probe_gpu_pcie_link_generation{{{l},which=\"current\"}} {cur}"
+            );
+            let _ = writeln!(
+                out,
+                "slo_probe_gpu_pcie_link_generation{{{l},which=\"max\"}} {max}"
+            );
+        }
+    }
+    header(
+        out,
+        "slo_probe_gpu_pcie_link_width_lanes",
+        "gauge",
+        "PCIe link width in lanes, current and max.",
+    );
+    for t in topo.iter() {
+        if let Some((cur, max)) = t.pcie_width {
+            let l = label_of(t.index);
+            let _ = writeln!(
+                out,
+                "slo_probe_gpu_pcie_link_width_lanes{{{l},which=\"current\"}} {cur}"
+            );
+            let _ = writeln!(
+                out,
+                "slo_probe_gpu_pcie_link_width_lanes{{{l},which=\"max\"}} {max}"
+            );
+        }
+    }
+    header(
+        out,
+        "slo_probe_gpu_nvlink_active_links",
+        "gauge",
+        "NVLinks of the GPU that are up.",
+    );
+    for t in topo.iter() {
+        if let Some(n) = t.nvlinks_active {
+            let _ = writeln!(
+                out,
+                "slo_probe_gpu_nvlink_active_links{{{}}} {n}",
+                label_of(t.index)
+            );
+        }
+    }
+    header(
+        out,
+        "slo_probe_gpu_peer_path",
+        "gauge",
+        "The best path from the GPU to another (nvlink, board, pix, pxb, phb, node, sys: \
+         nvidia-smi topo's legend), with the NVLinks between them and whether peer-to-peer reads \
+         work; always 1.",
+    );
+    for t in topo.iter() {
+        let l = label_of(t.index);
+        for p in &t.peers {
+            let p2p = match p.p2p_read {
+                Some(true) => "yes",
+                Some(false) => "no",
+                None => "unknown",
+            };
+            let _ = writeln!(
+                out,
+                "slo_probe_gpu_peer_path{{{l},peer_gpu=\"{}\",peer_uuid=\"{}\",path=\"{}\",\
+                 nvlinks=\"{}\",p2p_read=\"{p2p}\"}} 1",
+                p.index,
+                uuid_of(p.index),
+                p.path.as_str(),
+                p.nvlinks
+            );
+        }
+    }
+}
+
 /// Appends the GPU families to `out` in the text exposition format (format 0.0.4).
 pub fn render_gpus(out: &mut String, gpus: &GpuSnapshot) {
     if gpus.devices.is_empty() {
@@ -200,6 +339,7 @@ pub fn render_gpus(out: &mut String, gpus: &GpuSnapshot) {
             }
         }
     }
+    render_topology(out, gpus);
 }
 
 #[cfg(test)]
@@ -259,6 +399,7 @@ mod tests {
         GpuSnapshot {
             devices: vec![h200(), old()],
             taken_at_ns: 42,
+            ..GpuSnapshot::default()
         }
     }
 
@@ -323,6 +464,7 @@ mod tests {
                 ..GpuSample::default()
             }],
             taken_at_ns: 1,
+            ..GpuSnapshot::default()
         };
         render_gpus(&mut text, &gpus);
         assert_eq!(
@@ -389,6 +531,49 @@ mod tests {
                 "{}",
                 f.name
             );
+        }
+    }
+
+    #[test]
+    fn topology_of_two_nvlinked_gpus() {
+        use slo_probe_core::gpu::{GpuPath, GpuPeer, GpuTopology};
+        let topo = |index: u32, peer: u32| GpuTopology {
+            index,
+            numa_node: Some(index),
+            cpu_affinity: (index * 16..index * 16 + 16).collect(),
+            pcie_generation: Some((1, 5)),
+            pcie_width: Some((16, 16)),
+            nvlinks_active: Some(18),
+            peers: vec![GpuPeer {
+                index: peer,
+                path: GpuPath::NvLink,
+                nvlinks: 18,
+                p2p_read: Some(true),
+            }],
+        };
+        let mut a = h200();
+        a.index = 0;
+        a.uuid = "GPU-a".into();
+        let mut b = h200();
+        b.index = 1;
+        b.uuid = "GPU-b".into();
+        let gpus = GpuSnapshot {
+            devices: vec![a, b],
+            topology: std::sync::Arc::new(vec![topo(0, 1), topo(1, 0)]),
+            ..GpuSnapshot::default()
+        };
+        let mut text = String::new();
+        render_gpus(&mut text, &gpus);
+        for line in [
+            "slo_probe_gpu_numa_node{gpu=\"1\",uuid=\"GPU-b\",name=\"NVIDIA H200\"} 1",
+            "slo_probe_gpu_cpu_affinity_info{gpu=\"1\",uuid=\"GPU-b\",name=\"NVIDIA H200\",cpus=\"16-31\"} 1",
+            "slo_probe_gpu_cpu_affinity_cpus{gpu=\"0\",uuid=\"GPU-a\",name=\"NVIDIA H200\"} 16",
+            "slo_probe_gpu_pcie_link_generation{gpu=\"0\",uuid=\"GPU-a\",name=\"NVIDIA H200\",which=\"max\"} 5",
+            "slo_probe_gpu_pcie_link_width_lanes{gpu=\"0\",uuid=\"GPU-a\",name=\"NVIDIA H200\",which=\"current\"} 16",
+            "slo_probe_gpu_nvlink_active_links{gpu=\"1\",uuid=\"GPU-b\",name=\"NVIDIA H200\"} 18",
+            "slo_probe_gpu_peer_path{gpu=\"0\",uuid=\"GPU-a\",name=\"NVIDIA H200\",peer_gpu=\"1\",peer_uuid=\"GPU-b\",path=\"nvlink\",nvlinks=\"18\",p2p_read=\"yes\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
         }
     }
 }

@@ -36,7 +36,10 @@ use nvml_wrapper::{
     sys_exports::field_id::{NVML_FI_DEV_PCIE_COUNT_RX_BYTES, NVML_FI_DEV_PCIE_COUNT_TX_BYTES},
     Device, GpmSample, Nvml,
 };
-use slo_probe_core::gpu::{ComputeCapability, GpmMetrics, GpuHistory, GpuSample, GpuSnapshot};
+use slo_probe_core::gpu::{
+    cpus_of_mask, ComputeCapability, GpmMetrics, GpuHistory, GpuPath, GpuPeer, GpuSample,
+    GpuSnapshot, GpuTopology,
+};
 
 /// Shortest interval between two GPM samples that NVML computes metrics over.
 pub const GPM_MIN_INTERVAL_NS: u64 = 100_000_000;
@@ -602,10 +605,110 @@ fn sample_gpm(
     }
 }
 
+/// NVLinks a GPU may have (NVML_NVLINK_MAX_LINKS in driver 580).
+const MAX_NVLINKS: u32 = 18;
+
+/// Reads how the GPUs connect, once: what a query does not answer is left out (logged at debug;
+/// a single-GPU VM, for one, has no peers and often no NVLinks).
+fn read_topology(nvml: &'static Nvml, gpus: &[Gpu]) -> Vec<GpuTopology> {
+    use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus, TopologyLevel};
+    let cpu_words = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .max(1024)
+        .div_ceil(64);
+    let mut out = Vec::new();
+    for g in gpus {
+        let d = &g.device;
+        let i = g.fixed.index;
+        let note = |what: &str, e: &WrapperError| log::debug!("gpu {i}: no {what}: {e}");
+        let numa_node = d.numa_node_id().map_err(|e| note("NUMA node", &e)).ok();
+        let cpu_affinity = d
+            .cpu_affinity(cpu_words)
+            .map(|w| cpus_of_mask(&w))
+            .map_err(|e| note("CPU affinity", &e))
+            .unwrap_or_default();
+        let gen = d
+            .current_pcie_link_gen()
+            .and_then(|c| Ok((c, d.max_pcie_link_gen()?)))
+            .map_err(|e| note("PCIe generation", &e))
+            .ok();
+        let width = d
+            .current_pcie_link_width()
+            .and_then(|c| Ok((c, d.max_pcie_link_width()?)))
+            .map_err(|e| note("PCIe width", &e))
+            .ok();
+        // Active links and the PCI bus id at their other end.
+        let mut active = None;
+        let mut remote: Vec<String> = Vec::new();
+        for link in 0..MAX_NVLINKS {
+            let l = d.link_wrapper_for(link);
+            match l.is_active() {
+                Ok(true) => {
+                    *active.get_or_insert(0) += 1;
+                    if let Ok(p) = l.remote_pci_info() {
+                        remote.push(p.bus_id.to_ascii_lowercase());
+                    }
+                }
+                Ok(false) => {
+                    active.get_or_insert(0);
+                }
+                Err(_) => break,
+            }
+        }
+        let mut peers = Vec::new();
+        for other in gpus.iter().filter(|o| o.fixed.index != i) {
+            let bus = other.fixed.pci_bus_id.to_ascii_lowercase();
+            let nvlinks = remote.iter().filter(|r| **r == bus).count() as u32;
+            // The call takes the other device by value: a second handle to it.
+            let level = nvml
+                .device_by_index(other.fixed.index)
+                .and_then(|o| d.topology_common_ancestor(o));
+            let path = if nvlinks > 0 {
+                GpuPath::NvLink
+            } else {
+                match level {
+                    Ok(TopologyLevel::Internal) => GpuPath::Board,
+                    Ok(TopologyLevel::Single) => GpuPath::Pix,
+                    Ok(TopologyLevel::Multiple) => GpuPath::Pxb,
+                    Ok(TopologyLevel::HostBridge) => GpuPath::Phb,
+                    Ok(TopologyLevel::Node) => GpuPath::Node,
+                    Ok(TopologyLevel::System) => GpuPath::Sys,
+                    Err(e) => {
+                        note("topology to a peer", &e);
+                        continue;
+                    }
+                }
+            };
+            let p2p_read = d
+                .p2p_status(&other.device, P2pCapabilitiesIndex::Read)
+                .map(|s| s == P2pStatus::Ok)
+                .ok();
+            peers.push(GpuPeer {
+                index: other.fixed.index,
+                path,
+                nvlinks,
+                p2p_read,
+            });
+        }
+        out.push(GpuTopology {
+            index: i,
+            numa_node,
+            cpu_affinity,
+            pcie_generation: gen,
+            pcie_width: width,
+            nvlinks_active: active,
+            peers,
+        });
+    }
+    out
+}
+
 /// Samples every GPU of the node through NVML, once per tick.
 pub struct NvmlSampler {
     nvml: &'static Nvml,
     gpus: Vec<Gpu>,
+    topology: Arc<Vec<GpuTopology>>,
 }
 
 impl NvmlSampler {
@@ -627,7 +730,12 @@ impl NvmlSampler {
         if gpus.is_empty() {
             return Err(NvmlError::NoDevices);
         }
-        Ok(Self { nvml, gpus })
+        let topology = Arc::new(read_topology(nvml, &gpus));
+        Ok(Self {
+            nvml,
+            gpus,
+            topology,
+        })
     }
 
     /// One line for the log: driver version, GPUs, how many have GPM.
@@ -655,6 +763,7 @@ impl NvmlSampler {
                 .map(|g| g.sample(self.nvml, now_ns))
                 .collect(),
             taken_at_ns: now_ns,
+            topology: self.topology.clone(),
         }
     }
 }
