@@ -217,6 +217,9 @@ pub struct Iteration {
     pub comm_ns: u64,
     /// Communication kernels.
     pub comm_kernels: u32,
+    /// Time a communication kernel ran while a compute kernel or graph ran too, ns: how much
+    /// of the gradient sync is hidden behind compute (DDP overlaps all-reduce with backward).
+    pub comm_overlap_ns: u64,
     /// GPU idle time from the iteration's start to its first activity, ns (host wait, data
     /// loading).
     pub idle_before_first_ns: u64,
@@ -493,6 +496,9 @@ pub struct TraceAssembler {
     sorted: Vec<Activity>,
     /// Scratch of `summarise`: operators seen in the iteration.
     touched: Vec<u32>,
+    /// Scratch of `summarise`: communication and compute intervals.
+    comm_iv: Vec<(u64, u64)>,
+    compute_iv: Vec<(u64, u64)>,
     /// The period of the kernel sequence last detected, and how many kernels were pending
     /// when detection last failed.
     period: Option<usize>,
@@ -943,6 +949,9 @@ impl TraceAssembler {
             (0u64, 0u64, 0u64, 0u32);
         let mut by_device: [(u32, u64); 4] = [(u32::MAX, 0); 4];
         let mut first_start = None;
+        // Intervals of communication and of compute, for their overlap (buffers reused).
+        let mut comm_iv = std::mem::take(&mut self.comm_iv);
+        let mut compute_iv = std::mem::take(&mut self.compute_iv);
         for a in acts {
             let d = a.duration_ns();
             if let Some(slot) = by_device
@@ -1000,13 +1009,16 @@ impl TraceAssembler {
                     if self.table.info[i].1 == OpKind::Communication {
                         comm_ns += d;
                         comm_kernels += 1;
+                        comm_iv.push((a.start_ns, a.end_ns));
                     } else {
                         compute_ns += d;
+                        compute_iv.push((a.start_ns, a.end_ns));
                     }
                 }
                 ActivityKind::Graph => {
                     graph_launches += 1;
                     compute_ns += d;
+                    compute_iv.push((a.start_ns, a.end_ns));
                 }
                 ActivityKind::Memory => {
                     memory_ops += 1;
@@ -1018,6 +1030,15 @@ impl TraceAssembler {
         if let Some((cs, ce)) = cur {
             busy += ce - cs;
         }
+        let comm_overlap_ns = if comm_iv.is_empty() {
+            0
+        } else {
+            intersection_ns(&mut comm_iv, &mut compute_iv)
+        };
+        comm_iv.clear();
+        compute_iv.clear();
+        self.comm_iv = comm_iv;
+        self.compute_iv = compute_iv;
         if !lat.is_sorted() {
             lat.sort_unstable();
         }
@@ -1060,6 +1081,7 @@ impl TraceAssembler {
             compute_ns,
             comm_ns,
             comm_kernels,
+            comm_overlap_ns,
             idle_before_first_ns: first_start.unwrap_or(e).saturating_sub(b),
             gaps_ns: gaps,
             launch_latencies_ns: lat,
@@ -1105,6 +1127,37 @@ pub fn detect_period(seq: &[u32]) -> Option<usize> {
         .map(|p| (p, period_score(seq, p)))
         .fold((0, 0.0), |acc, x| if x.1 > acc.1 { x } else { acc });
     (best >= PERIOD_MATCH).then_some(p)
+}
+
+/// Total length of the time covered by both interval sets (each sorted and merged here).
+fn intersection_ns(a: &mut [(u64, u64)], b: &mut [(u64, u64)]) -> u64 {
+    fn merge(v: &mut [(u64, u64)]) -> usize {
+        v.sort_unstable();
+        let mut n = 0;
+        for k in 0..v.len() {
+            let (s, e) = v[k];
+            if n > 0 && s <= v[n - 1].1 {
+                v[n - 1].1 = v[n - 1].1.max(e);
+            } else {
+                v[n] = (s, e);
+                n += 1;
+            }
+        }
+        n
+    }
+    let (na, nb) = (merge(a), merge(b));
+    let (mut i, mut j, mut total) = (0, 0, 0);
+    while i < na && j < nb {
+        let lo = a[i].0.max(b[j].0);
+        let hi = a[i].1.min(b[j].1);
+        total += hi.saturating_sub(lo);
+        if a[i].1 < b[j].1 {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    total
 }
 
 #[cfg(test)]
@@ -1299,5 +1352,14 @@ mod tests {
             Some(3)
         );
         assert_eq!(detect_period(&[1, 2, 3, 4, 5, 6, 7, 8, 9]), None);
+    }
+
+    #[test]
+    fn overlap_of_interval_sets() {
+        let mut comm = vec![(10, 20), (15, 30), (50, 60)];
+        let mut compute = vec![(0, 12), (25, 55), (58, 70)];
+        // [10,12) + [25,30) + [50,55) + [58,60)
+        assert_eq!(intersection_ns(&mut comm, &mut compute), 2 + 5 + 5 + 2);
+        assert_eq!(intersection_ns(&mut [], &mut [(0, 5)]), 0);
     }
 }

@@ -636,8 +636,10 @@ fn render_shims(out: &mut String, snapshot: &Snapshot) {
         "Time per iteration by phase over the recent window, by quantile: GPU compute, \
          communication (NCCL kernels) and memory operations, host_wait (GPU idle before the \
          iteration's first activity: data loading, the host) and launch_gaps (GPU idle between \
-         activities). In synchronous data parallel training the straggler rank has the most \
-         host_wait and the least communication: the others wait for it inside the all-reduce.",
+         activities), comm_overlap (communication kernels running while compute ran: the \
+         gradient sync hidden behind backward). In synchronous data parallel training the \
+         straggler rank has the least communication: the others wait for it inside the \
+         all-reduce.",
     );
     header(
         out,
@@ -672,12 +674,13 @@ fn render_shims(out: &mut String, snapshot: &Snapshot) {
             }
         }
         type Phase = (&'static str, fn(&Iteration) -> u64);
-        let phases: [Phase; 5] = [
+        let phases: [Phase; 6] = [
             ("compute", |i| i.compute_ns),
             ("communication", |i| i.comm_ns),
             ("memory", |i| i.memory_ns),
             ("host_wait", |i| i.idle_before_first_ns),
             ("launch_gaps", |i| i.gaps_ns),
+            ("comm_overlap", |i| i.comm_overlap_ns),
         ];
         for (phase, of) in phases {
             let mut v: Vec<u64> = p.iterations.iter().map(of).collect();
