@@ -100,7 +100,7 @@ struct Guard {
     dir: PathBuf,
     children: Vec<(&'static str, Child)>,
     stop_fixture: Arc<AtomicBool>,
-    fixture: Option<thread::JoinHandle<()>>,
+    fixture: Vec<thread::JoinHandle<()>>,
 }
 
 impl Guard {
@@ -169,7 +169,7 @@ impl Drop for Guard {
             }
         }
         self.stop_fixture.store(true, Ordering::Relaxed);
-        if let Some(t) = self.fixture.take() {
+        for t in self.fixture.drain(..) {
             let _ = t.join();
         }
         if thread::panicking() {
@@ -454,7 +454,7 @@ fn dashboards_get_data_from_a_real_prometheus() {
         dir: dir.clone(),
         children: Vec::new(),
         stop_fixture: Arc::new(AtomicBool::new(false)),
-        fixture: None,
+        fixture: Vec::new(),
     };
 
     // The agent: whole node, short ticks and SLO windows.
@@ -496,11 +496,20 @@ fn dashboards_get_data_from_a_real_prometheus() {
     let h200_addr = if h200.exists() {
         let text = std::fs::read_to_string(&h200).expect("read h200.prom");
         let (addr, handle) = serve_file(text, guard.stop_fixture.clone());
-        guard.fixture = Some(handle);
+        guard.fixture.push(handle);
         Some(addr)
     } else {
         None
     };
+    // Two DDP ranks sharing the H200 (gloo), rank 1's CPUs contended: recorded by
+    // scripts/gpu-multirank-check with the fault in force.
+    let ddp = root.join("tests/fixtures/prometheus/h200-ddp.prom");
+    let ddp_addr = ddp.exists().then(|| {
+        let text = std::fs::read_to_string(&ddp).expect("read h200-ddp.prom");
+        let (addr, handle) = serve_file(text, guard.stop_fixture.clone());
+        guard.fixture.push(handle);
+        addr
+    });
 
     // The recording rules, where the collector branch has added them (promtool unit-test files
     // beside them are not rule files).
@@ -538,6 +547,12 @@ fn dashboards_get_data_from_a_real_prometheus() {
         let _ = write!(
             prom_config,
             "  - job_name: slo-probe-h200\n    static_configs:\n      - targets: [\"{a}\"]\n"
+        );
+    }
+    if let Some(a) = ddp_addr {
+        let _ = write!(
+            prom_config,
+            "  - job_name: slo-probe-h200-ddp\n    static_configs:\n      - targets: [\"{a}\"]\n"
         );
     }
     let prom_yml = dir.join("prometheus.yml");
@@ -637,6 +652,32 @@ fn dashboards_get_data_from_a_real_prometheus() {
         }),
         "violations on {violated:?}"
     );
+    // The recorded two-rank job: the rules name rank 1, whose CPUs were contended, the host
+    // straggler of its job, as the agent on that node did.
+    if ddp_addr.is_some() && !rules.is_empty() {
+        let q = "topk(1, slo_probe:host_straggler_score:ratio{job_id=\"h200-ddp\"})";
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let top = loop {
+            let v = prom.values(q);
+            if !v.is_empty() {
+                break v;
+            }
+            assert!(Instant::now() < deadline, "no {q}");
+            thread::sleep(Duration::from_millis(500));
+        };
+        eprintln!("recorded DDP job: {q} = {top:?}");
+        assert_eq!(top[0].0["rank"], "1", "{top:?}");
+        assert!(top[0].1 > 3.0, "{top:?}");
+        let named = prom.values("slo_probe_straggler{job_id=\"h200-ddp\"}");
+        assert_eq!(named.len(), 1, "{named:?}");
+        assert_eq!(named[0].0["rank"], "1");
+        assert!(
+            named[0].0["cause"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("host.")),
+            "{named:?}"
+        );
+    }
     // Exactly one state per node.
     for (m, v) in prom.values(&format!(
         "sum by (node) (slo_probe_slo_state{{job_id=\"{JOB}\"}})"
