@@ -217,42 +217,27 @@ fn render_topology(out: &mut String, gpus: &GpuSnapshot) {
             t.cpu_affinity.len()
         );
     }
-    header(
-        out,
-        "slo_probe_gpu_pcie_link_generation",
-        "gauge",
-        "PCIe link generation, current (it drops when idle) and max.",
-    );
-    for t in topo.iter() {
-        if let Some((cur, max)) = t.pcie_generation {
-            let l = label_of(t.index);
-            let _ = writeln!(
-                out,
-                "slo_probe_gpu_pcie_link_generation{{{l},which=\"current\"}} {cur}"
-            );
-            let _ = writeln!(
-                out,
-                "slo_probe_gpu_pcie_link_generation{{{l},which=\"max\"}} {max}"
-            );
-        }
-    }
-    header(
-        out,
-        "slo_probe_gpu_pcie_link_width_lanes",
-        "gauge",
-        "PCIe link width in lanes, current and max.",
-    );
-    for t in topo.iter() {
-        if let Some((cur, max)) = t.pcie_width {
-            let l = label_of(t.index);
-            let _ = writeln!(
-                out,
-                "slo_probe_gpu_pcie_link_width_lanes{{{l},which=\"current\"}} {cur}"
-            );
-            let _ = writeln!(
-                out,
-                "slo_probe_gpu_pcie_link_width_lanes{{{l},which=\"max\"}} {max}"
-            );
+    type Link = fn(&slo_probe_core::gpu::GpuTopology) -> Option<(u32, u32)>;
+    let links: [(&str, &str, Link); 2] = [
+        (
+            "slo_probe_gpu_pcie_link_generation",
+            "PCIe link generation, current (it drops when idle) and max.",
+            |t| t.pcie_generation,
+        ),
+        (
+            "slo_probe_gpu_pcie_link_width_lanes",
+            "PCIe link width in lanes, current and max.",
+            |t| t.pcie_width,
+        ),
+    ];
+    for (name, help, value) in links {
+        header(out, name, "gauge", help);
+        for t in topo.iter() {
+            if let Some((cur, max)) = value(t) {
+                let l = label_of(t.index);
+                let _ = writeln!(out, "{name}{{{l},which=\"current\"}} {cur}");
+                let _ = writeln!(out, "{name}{{{l},which=\"max\"}} {max}");
+            }
         }
     }
     header(

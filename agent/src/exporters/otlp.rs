@@ -273,25 +273,22 @@ struct Target {
 impl Target {
     fn new(cfg: &Settings, resource: Resource) -> Result<Self, String> {
         let exporter = match cfg.transport {
-            Transport::Grpc => {
-                let mut b = opentelemetry_otlp::MetricExporter::builder()
-                    .with_tonic()
-                    .with_timeout(cfg.timeout);
-                if let Some(e) = &cfg.endpoint {
-                    b = b.with_endpoint(e.clone());
-                }
-                b.build()
-            }
-            Transport::HttpProtobuf => {
-                let mut b = opentelemetry_otlp::MetricExporter::builder()
+            Transport::Grpc => configure(
+                opentelemetry_otlp::MetricExporter::builder().with_tonic(),
+                cfg,
+                cfg.timeout,
+                None,
+            )
+            .build(),
+            Transport::HttpProtobuf => configure(
+                opentelemetry_otlp::MetricExporter::builder()
                     .with_http()
-                    .with_protocol(Protocol::HttpBinary)
-                    .with_timeout(cfg.timeout);
-                if let Some(e) = &cfg.endpoint {
-                    b = b.with_endpoint(format!("{}/v1/metrics", e.trim_end_matches('/')));
-                }
-                b.build()
-            }
+                    .with_protocol(Protocol::HttpBinary),
+                cfg,
+                cfg.timeout,
+                Some("/v1/metrics"),
+            )
+            .build(),
         }
         .map_err(|e| format!("cannot build the OTLP metric exporter: {e}"))?;
         let reader = PeriodicReader::builder(exporter)
@@ -302,28 +299,27 @@ impl Target {
             .with_reader(reader)
             .build();
         let tracer = if cfg.traces {
+            let timeout = SPAN_RETRY_WINDOW.max(cfg.timeout);
             let exporter = match cfg.transport {
-                Transport::Grpc => {
-                    let mut b = opentelemetry_otlp::SpanExporter::builder()
+                Transport::Grpc => configure(
+                    opentelemetry_otlp::SpanExporter::builder()
                         .with_tonic()
-                        .with_timeout(SPAN_RETRY_WINDOW.max(cfg.timeout))
-                        .with_retry_policy(span_retries());
-                    if let Some(e) = &cfg.endpoint {
-                        b = b.with_endpoint(e.clone());
-                    }
-                    b.build()
-                }
-                Transport::HttpProtobuf => {
-                    let mut b = opentelemetry_otlp::SpanExporter::builder()
+                        .with_retry_policy(span_retries()),
+                    cfg,
+                    timeout,
+                    None,
+                )
+                .build(),
+                Transport::HttpProtobuf => configure(
+                    opentelemetry_otlp::SpanExporter::builder()
                         .with_http()
                         .with_protocol(Protocol::HttpBinary)
-                        .with_timeout(SPAN_RETRY_WINDOW.max(cfg.timeout))
-                        .with_retry_policy(span_retries());
-                    if let Some(e) = &cfg.endpoint {
-                        b = b.with_endpoint(format!("{}/v1/traces", e.trim_end_matches('/')));
-                    }
-                    b.build()
-                }
+                        .with_retry_policy(span_retries()),
+                    cfg,
+                    timeout,
+                    Some("/v1/traces"),
+                )
+                .build(),
             }
             .map_err(|e| format!("cannot build the OTLP span exporter: {e}"))?;
             Some(
@@ -402,6 +398,23 @@ impl Target {
         if let Some(t) = self.tracer {
             let _ = t.shutdown_with_timeout(timeout);
         }
+    }
+}
+
+/// The timeout and, when the config names one, the endpoint (over HTTP with the signal's path
+/// appended, as the variables' base endpoint gets it); otherwise the SDK reads
+/// `OTEL_EXPORTER_OTLP_*ENDPOINT`.
+fn configure<B: opentelemetry_otlp::WithExportConfig>(
+    b: B,
+    cfg: &Settings,
+    timeout: Duration,
+    http_path: Option<&str>,
+) -> B {
+    let b = b.with_timeout(timeout);
+    match (&cfg.endpoint, http_path) {
+        (Some(e), Some(path)) => b.with_endpoint(format!("{}{path}", e.trim_end_matches('/'))),
+        (Some(e), None) => b.with_endpoint(e.clone()),
+        (None, _) => b,
     }
 }
 
