@@ -449,6 +449,13 @@ pub fn report(obs: &Observation, command: &str, top: usize) -> String {
     for p in s.shims.iter().filter(|p| obs.pids.contains(&p.pid)) {
         gpu_report(&mut out, p);
     }
+    let ranks: Vec<_> = s
+        .shims
+        .iter()
+        .filter(|p| obs.pids.contains(&p.pid))
+        .cloned()
+        .collect();
+    straggler_report(&mut out, &ranks);
     if let Some(g) = &s.gpus {
         for d in &g.devices {
             let pct = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}%"));
@@ -559,6 +566,39 @@ fn gpu_report(out: &mut String, p: &slo_probe_core::gputrace::ShimProcess) {
         },
     );
     iterations_report(out, p);
+}
+
+/// The straggler view of every job with two or more ranks in the observed tree.
+pub fn straggler_report(out: &mut String, shims: &[slo_probe_core::gputrace::ShimProcess]) {
+    let views = slo_probe_core::straggler::stragglers(shims);
+    let mut job = "";
+    for v in &views {
+        if v.job_id != job {
+            job = &v.job_id;
+            let _ = writeln!(
+                out,
+                "Stragglers of job {job} (each rank against the median of the others; named from \
+                 noncomm {} or host delay {}):",
+                slo_probe_core::straggler::NONCOMM_OUTLIER,
+                slo_probe_core::straggler::HOST_OUTLIER
+            );
+        }
+        let score = |x: Option<f64>| x.map_or("-".to_owned(), |x| format!("{x:.2}"));
+        let _ = writeln!(
+            out,
+            "  rank {:>3} pid {:>7}: noncomm {} ({}), host delay {} ({}){}",
+            v.rank,
+            v.pid,
+            v.noncomm_s.map_or("-".to_owned(), |x| human_ns(x * 1e9)),
+            score(v.noncomm_score),
+            v.host_delay_ms_per_s
+                .map_or("-".to_owned(), |x| format!("{x:.1} ms/s")),
+            score(v.host_score),
+            v.straggler
+                .as_deref()
+                .map_or(String::new(), |c| format!("  <- the straggler: {c}"))
+        );
+    }
 }
 
 /// The SLO tree as of its last window, and its violations with their causal chains.
@@ -1026,5 +1066,45 @@ mod tests {
         release.write_all(&[1]).expect("release");
         drop(release);
         assert_eq!(child.wait().expect("wait").code(), Some(7));
+    }
+
+    #[test]
+    fn straggler_report_names_the_starved_rank() {
+        use slo_probe_core::{
+            gputrace::{Iteration, ShimProcess},
+            slo::{NodeView, SloSnapshot},
+        };
+        let rank = |pid: u32, r: u32, main_ms_per_s: f64| ShimProcess {
+            pid,
+            rank: Some(r),
+            job_id: Some("ddp".into()),
+            iterations: vec![
+                Iteration {
+                    end_ns: 400_000_000,
+                    ..Default::default()
+                };
+                5
+            ],
+            slo: Some(SloSnapshot {
+                nodes: vec![NodeView {
+                    name: "host.runqueue.main".into(),
+                    value: Some(main_ms_per_s),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut out = String::new();
+        straggler_report(&mut out, &[rank(10, 0, 0.5), rank(11, 1, 120.0)]);
+        assert!(out.starts_with("Stragglers of job ddp"), "{out}");
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 3, "{out}");
+        assert!(!lines[1].contains("straggler:"), "{out}");
+        assert!(
+            lines[2].contains("rank   1")
+                && lines[2].ends_with("<- the straggler: host.runqueue.main"),
+            "{out}"
+        );
     }
 }
