@@ -181,3 +181,86 @@ fn throttling_of_a_cgroup_with_a_small_quota() {
     );
     assert!(end.roles.contains(&Role::Main) || end.roles.contains(&Role::Other));
 }
+
+/// Root tier: the agent in its own cgroup namespace (a Kubernetes container on cgroup v2 gets
+/// one) sees another container's process at `/../victim`; with the host's hierarchy mounted
+/// it finds where its namespace is rooted and reads the victim's throttling there. The test
+/// re-runs itself inside `unshare --cgroup` from a sibling cgroup (v1 `cpu`, this machine's).
+#[test]
+fn throttling_seen_from_inside_a_cgroup_namespace() {
+    if let Ok(victim) = std::env::var("SLO_PROBE_TEST_NS_VICTIM") {
+        // The child, inside the namespace.
+        let victim: u32 = victim.parse().expect("victim pid");
+        let lines = slo_probe::sources::procfs::cgroups(victim);
+        let cpu = lines
+            .iter()
+            .find(|l| l.controllers.iter().any(|c| c == "cpu"))
+            .expect("cpu line");
+        println!("NS-CHILD victim path {}", cpu.path);
+        let m = CgroupMounts::detect();
+        let rows = m.read(
+            &std::collections::BTreeMap::from([(victim, lines.clone())]),
+            &std::collections::BTreeMap::new(),
+        );
+        let row = rows.iter().find(|r| r.version == 1).expect("a v1 row");
+        let stat = row.cpu.expect("cpu.stat read through the namespace root");
+        println!(
+            "NS-CHILD throttled periods {} of {}",
+            stat.nr_throttled, stat.nr_periods
+        );
+        return;
+    }
+    if !root_or_skip("cgroup namespace") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mounts = CgroupMounts::detect();
+    let Some(cpu_root) = mounts.v1_cpu.clone() else {
+        eprintln!("skipped: no v1 cpu hierarchy (the test builds its namespace there)");
+        return;
+    };
+    let base = cpu_root.join(format!("slo-probe-test-ns-{}", std::process::id()));
+    let (agent_dir, victim_dir) = (base.join("agent"), base.join("victim"));
+    for d in [&base, &agent_dir, &victim_dir] {
+        let _ = std::fs::create_dir(d);
+    }
+    std::fs::write(victim_dir.join("cpu.cfs_period_us"), PERIOD_US.to_string()).expect("period");
+    std::fs::write(victim_dir.join("cpu.cfs_quota_us"), QUOTA_US.to_string()).expect("quota");
+    let mut victim = Command::new("sh")
+        .args(["-c", "while :; do :; done"])
+        .spawn()
+        .expect("busy victim");
+    std::fs::write(victim_dir.join("cgroup.procs"), victim.id().to_string()).expect("move victim");
+    std::thread::sleep(Duration::from_millis(500));
+    let exe = std::env::current_exe().expect("test exe");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {}/cgroup.procs && exec unshare --cgroup {} --exact \
+             throttling_seen_from_inside_a_cgroup_namespace --nocapture --test-threads 1",
+            agent_dir.display(),
+            exe.display()
+        ))
+        .env("SLO_PROBE_TEST_NS_VICTIM", victim.id().to_string())
+        .output()
+        .expect("child");
+    let _ = victim.kill();
+    let _ = victim.wait();
+    std::thread::sleep(Duration::from_millis(200));
+    for d in [&victim_dir, &agent_dir, &base] {
+        let _ = std::fs::remove_dir(d);
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "child failed");
+    assert!(
+        text.contains("NS-CHILD victim path /../victim"),
+        "the victim's path is relative to the child's namespace: {text}"
+    );
+    let throttled: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("NS-CHILD throttled periods "))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .expect("throttling read");
+    assert!(throttled >= 2, "throttled periods {throttled}");
+}

@@ -24,6 +24,9 @@ pub struct CgroupMounts {
     pub v1_cpu: Option<PathBuf>,
     /// The v2 (unified) hierarchy.
     pub v2: Option<PathBuf>,
+    /// Where this process's cgroup namespace is rooted in each hierarchy (v1 cpu, v2), found
+    /// the first time a path needs it: see [`resolve`].
+    ns_roots: [std::sync::OnceLock<Option<String>>; 2],
 }
 
 impl CgroupMounts {
@@ -91,7 +94,15 @@ impl CgroupMounts {
             .into_iter()
             .filter_map(|((version, path), (pids, roles))| {
                 let root = if version == 1 { &self.v1_cpu } else { &self.v2 };
-                let dir = join(root.as_deref()?, &path);
+                let root = root.as_deref()?;
+                let dir = if path.starts_with("/..") {
+                    let ns_root = self.ns_roots[usize::from(version == 2)]
+                        .get_or_init(|| find_own_ns_root(root, version))
+                        .as_deref()?;
+                    join(root, &resolve(ns_root, &path)?)
+                } else {
+                    join(root, &path)
+                };
                 let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
                 let cpu = read("cpu.stat").and_then(|t| parse_cpu_stat(&t));
                 let limit = if version == 1 {
@@ -118,6 +129,76 @@ impl CgroupMounts {
     }
 }
 
+/// `/proc/<pid>/cgroup` paths are relative to the reader's cgroup namespace: an agent in a
+/// container with its own (Kubernetes on cgroup v2 gives every container one) sees other pods'
+/// processes at `/../../kubepods-…/…`. Such a path is resolved against where the namespace is
+/// rooted in the hierarchy, `ns_root` (an absolute path there).
+pub fn resolve(ns_root: &str, path: &str) -> Option<String> {
+    let mut parts: Vec<&str> = ns_root.split('/').filter(|c| !c.is_empty()).collect();
+    for c in path.split('/').filter(|c| !c.is_empty() && *c != ".") {
+        if c == ".." {
+            parts.pop()?;
+        } else {
+            parts.push(c);
+        }
+    }
+    Some(format!("/{}", parts.join("/")))
+}
+
+/// Where this process's cgroup namespace is rooted in the hierarchy mounted at `root` (which
+/// must be the host's, e.g. a hostPath mount of /sys/fs/cgroup): the directory whose
+/// `cgroup.procs` lists this process, minus the path `/proc/self/cgroup` gives it inside the
+/// namespace. Walks at most 50,000 directories, once.
+fn find_own_ns_root(root: &Path, version: u8) -> Option<String> {
+    let me = std::process::id().to_string();
+    let own = crate::sources::procfs::cgroups(std::process::id())
+        .into_iter()
+        .find(|l| {
+            if version == 2 {
+                l.hierarchy == 0 && l.controllers.is_empty()
+            } else {
+                l.controllers.iter().any(|c| c == "cpu")
+            }
+        })?
+        .path;
+    let mut stack = vec![root.to_path_buf()];
+    let mut seen = 0;
+    while let Some(dir) = stack.pop() {
+        seen += 1;
+        if seen > 50_000 {
+            break;
+        }
+        let listed = std::fs::read_to_string(dir.join("cgroup.procs"))
+            .is_ok_and(|t| t.lines().any(|l| l.trim() == me));
+        if listed {
+            let here = format!("/{}", dir.strip_prefix(root).ok()?.to_str()?);
+            // `here` ends with our path inside the namespace; what comes before is its root.
+            let inner = own.trim_end_matches('/');
+            let ns_root = here.strip_suffix(inner).unwrap_or(&here);
+            let ns_root = if ns_root.is_empty() { "/" } else { ns_root };
+            log::info!(
+                "cgroup v{version}: this agent's cgroup namespace is rooted at {ns_root}; paths \
+                 of other containers' processes are resolved against it"
+            );
+            return Some(ns_root.to_owned());
+        }
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            stack.extend(
+                entries
+                    .flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path()),
+            );
+        }
+    }
+    log::warn!(
+        "cgroup v{version}: paths relative to a cgroup namespace (/..) and this process not \
+         found under {}: mount the host's cgroup hierarchy there (hostPath /sys/fs/cgroup)",
+        root.display()
+    );
+    None
+}
+
 fn join(root: &Path, path: &str) -> PathBuf {
     root.join(path.trim_start_matches('/'))
 }
@@ -140,6 +221,24 @@ pub fn system_pressure() -> Vec<PressureRow> {
 mod tests {
     use super::*;
     use crate::sources::procfs;
+
+    #[test]
+    fn namespaced_paths_resolve_against_the_namespace_root() {
+        let root =
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podA.slice/cri-a.scope";
+        assert_eq!(
+            resolve(root, "/../../../kubepods-besteffort.slice/kubepods-besteffort-podB.slice/cri-b.scope")
+                .as_deref(),
+            Some("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podB.slice/cri-b.scope")
+        );
+        assert_eq!(resolve(root, "/").as_deref(), Some(root));
+        assert_eq!(resolve("/", "/a/b").as_deref(), Some("/a/b"));
+        assert_eq!(
+            resolve("/a", "/../../b"),
+            None,
+            "above the hierarchy's root"
+        );
+    }
 
     #[test]
     fn mounts_v1_and_v2() {
