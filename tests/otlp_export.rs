@@ -396,6 +396,23 @@ fn check_export(got: &Shared, pid: u32, rank: u32, job_id: &str) {
             })
     });
     assert!((1e6..1e9).contains(&rss), "agent RSS {rss}");
+    // The same under its semantic-convention name, with the unit the conventions give it.
+    let (unit, semconv) = wait_for("process.memory.usage", 20, || {
+        let g = got.lock().unwrap_or_else(|e| e.into_inner());
+        metrics_named(&g, "process.memory.usage")
+            .into_iter()
+            .find_map(|(res, m)| match &m.data {
+                Some(Data::Gauge(gg)) if attr_str(res, "process.pid").is_none() => {
+                    gg.data_points.first().map(|p| (m.unit.clone(), number(p)))
+                }
+                _ => None,
+            })
+    });
+    assert_eq!(unit, "By");
+    assert!(
+        (1e6..1e9).contains(&semconv),
+        "process.memory.usage {semconv}"
+    );
 
     // One span per violation, with the attributed operator as a child span.
     let (parent, children) = wait_for("a violation span with its causes", 60, || {

@@ -115,8 +115,12 @@ enum Kind {
     Counter,
 }
 
-/// The unit of a family, from its Prometheus suffix (UCUM, as OTLP wants).
+/// The unit of a family, from its Prometheus suffix (UCUM, as OTLP wants), or the table's for a
+/// semantic-convention name.
 fn unit_of(name: &str) -> &'static str {
+    if let Some((.., unit, _, _)) = SEMCONV.iter().find(|(n, ..)| *n == name) {
+        return unit;
+    }
     let base = name.trim_end_matches("_total");
     let base = base
         .trim_end_matches("_sum")
@@ -217,6 +221,93 @@ fn parse_exposition(text: &str, procs: &HashSet<u32>) -> (HashMap<String, Family
             .push(Point { attrs, value });
     }
     (families, points)
+}
+
+/// (semconv name, source family, unit, attribute renames, kind).
+type SemconvAlias = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    Kind,
+);
+
+/// OpenTelemetry semantic-convention names for the families that have one (hardware GPU
+/// metrics, the agent's own process metrics), sent beside the Prometheus-named ones so that
+/// dashboards built on the conventions find them: (semconv name, source family, unit,
+/// attribute renames (Prometheus label → semconv attribute; others dropped), kind).
+const SEMCONV: [SemconvAlias; 6] = [
+    (
+        "hw.gpu.utilization",
+        "slo_probe_gpu_utilization_ratio",
+        "1",
+        &[("uuid", "hw.id"), ("name", "hw.name")],
+        Kind::Gauge,
+    ),
+    (
+        "hw.gpu.memory.utilization",
+        "slo_probe_gpu_memory_utilization_ratio",
+        "1",
+        &[("uuid", "hw.id"), ("name", "hw.name")],
+        Kind::Gauge,
+    ),
+    (
+        "hw.gpu.memory.usage",
+        "slo_probe_gpu_memory_used_bytes",
+        "By",
+        &[("uuid", "hw.id"), ("name", "hw.name")],
+        Kind::Gauge,
+    ),
+    (
+        "hw.gpu.memory.limit",
+        "slo_probe_gpu_memory_total_bytes",
+        "By",
+        &[("uuid", "hw.id"), ("name", "hw.name")],
+        Kind::Gauge,
+    ),
+    (
+        "process.cpu.time",
+        "slo_probe_agent_cpu_seconds_total",
+        "s",
+        &[],
+        Kind::Counter,
+    ),
+    (
+        "process.memory.usage",
+        "slo_probe_agent_resident_memory_bytes",
+        "By",
+        &[],
+        Kind::Gauge,
+    ),
+];
+
+/// Adds the [`SEMCONV`] metrics to the node's families and points.
+fn add_semconv(families: &mut HashMap<String, Family>, node: &mut HashMap<String, Vec<Point>>) {
+    for (name, source, _unit, renames, kind) in SEMCONV {
+        let Some(points) = node.get(source) else {
+            continue;
+        };
+        let renamed: Vec<Point> = points
+            .iter()
+            .map(|p| Point {
+                attrs: p
+                    .attrs
+                    .iter()
+                    .filter_map(|kv| {
+                        let (_, to) = renames.iter().find(|(from, _)| kv.key.as_str() == *from)?;
+                        Some(KeyValue::new(*to, kv.value.clone()))
+                    })
+                    .collect(),
+                value: p.value,
+            })
+            .collect();
+        let help = families
+            .get(source)
+            .map(|f| f.help.clone())
+            .unwrap_or_default();
+        families.insert(name.to_owned(), Family { kind, help });
+        node.insert(name.to_owned(), renamed);
+    }
 }
 
 /// `name{a="x",b="y"} value` → its parts (label values unescaped).
@@ -765,7 +856,10 @@ impl OtlpExporter {
             self.last_publish_ns = now;
             let text = super::prometheus::render(snap, self.per_thread);
             let pids: HashSet<u32> = self.procs.keys().copied().collect();
-            let (families, mut points) = parse_exposition(&text, &pids);
+            let (mut families, mut points) = parse_exposition(&text, &pids);
+            if let Some(node) = points.get_mut(&None) {
+                add_semconv(&mut families, node);
+            }
             self.node
                 .publish(&families, points.remove(&None).unwrap_or_default());
             for (pid, p) in &mut self.procs {
@@ -955,6 +1049,35 @@ mod tests {
         assert_eq!(points[&None]["slo_probe_a_total"][0].value, 4.0);
         assert_eq!(points[&None]["slo_probe_g_ratio"][0].value, 0.5);
         assert_eq!(points[&Some(7)]["slo_probe_h_seconds_count"][0].value, 1.0);
+    }
+
+    #[test]
+    fn semantic_convention_names_beside_the_prometheus_ones() {
+        let text = "# HELP slo_probe_gpu_utilization_ratio U.\n\
+                    # TYPE slo_probe_gpu_utilization_ratio gauge\n\
+                    slo_probe_gpu_utilization_ratio{gpu=\"0\",uuid=\"GPU-1\",name=\"NVIDIA H200\"} 0.9\n\
+                    # HELP slo_probe_agent_cpu_seconds_total C.\n\
+                    # TYPE slo_probe_agent_cpu_seconds_total counter\n\
+                    slo_probe_agent_cpu_seconds_total 1.5\n";
+        let (mut families, mut points) = parse_exposition(text, &HashSet::new());
+        let node = points.get_mut(&None).expect("node");
+        add_semconv(&mut families, node);
+        let util = &node["hw.gpu.utilization"][0];
+        assert_eq!(util.value, 0.9);
+        assert_eq!(
+            util.attrs,
+            vec![
+                KeyValue::new("hw.id", "GPU-1"),
+                KeyValue::new("hw.name", "NVIDIA H200")
+            ]
+        );
+        assert_eq!(families["process.cpu.time"].kind, Kind::Counter);
+        assert_eq!(node["process.cpu.time"][0].value, 1.5);
+        assert_eq!(unit_of("process.cpu.time"), "s");
+        assert_eq!(unit_of("hw.gpu.memory.usage"), "By");
+        // The Prometheus-named series stay.
+        assert!(node.contains_key("slo_probe_gpu_utilization_ratio"));
+        assert!(!node.contains_key("hw.power"));
     }
 
     #[test]
