@@ -735,11 +735,8 @@ pub struct OtlpExporter {
     settings: Settings,
     node: Target,
     procs: HashMap<u32, Proc>,
-    per_thread: bool,
     last_publish_ns: u64,
     retention_ns: u64,
-    /// Spans sent (violations).
-    pub spans_sent: u64,
 }
 
 impl OtlpExporter {
@@ -760,10 +757,8 @@ impl OtlpExporter {
             settings,
             node,
             procs: HashMap::new(),
-            per_thread: false,
             last_publish_ns: 0,
             retention_ns: retention.as_nanos() as u64,
-            spans_sent: 0,
         })
     }
 
@@ -825,7 +820,6 @@ impl OtlpExporter {
                 let ready = v.attribution.is_some() || v.closed_ns.is_some();
                 if ready && proc.violations_sent.insert(v.id) {
                     send_violation(tracer, p, &proc.identity, v, now);
-                    self.spans_sent += 1;
                     log::info!(
                         "OTLP: violation {} of process {} ({}) queued as a trace",
                         v.id,
@@ -854,7 +848,8 @@ impl OtlpExporter {
         let every = self.settings.interval.as_nanos() as u64 / 4;
         if self.last_publish_ns == 0 || now.saturating_sub(self.last_publish_ns) >= every {
             self.last_publish_ns = now;
-            let text = super::prometheus::render(snap, self.per_thread);
+            // Per-thread series stay Prometheus-only (they are the unbounded share).
+            let text = super::prometheus::render(snap, false);
             let pids: HashSet<u32> = self.procs.keys().copied().collect();
             let (mut families, mut points) = parse_exposition(&text, &pids);
             if let Some(node) = points.get_mut(&None) {
