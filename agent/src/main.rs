@@ -24,7 +24,8 @@ use tokio::sync::watch;
 
 /// slo-probe: SLO monitoring and attribution for GPU training nodes.
 ///
-/// Measures what the Linux kernel does to a job's threads (eBPF) and exports it for Prometheus.
+/// Measures what the Linux kernel does to a job's threads (eBPF) and what its GPUs do (a CUPTI
+/// shim, NVML), judges it against an SLO tree, and exports it for Prometheus and OpenTelemetry.
 /// Loading eBPF programs needs root, or CAP_BPF and CAP_PERFMON.
 #[derive(Parser)]
 #[command(version, about, long_about)]
@@ -38,7 +39,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run the agent: attach the probes and serve Prometheus metrics until SIGINT or SIGTERM.
+    /// Run the agent: attach the probes, serve Prometheus metrics and push OTLP (when
+    /// `[otlp]` or OTEL_EXPORTER_OTLP_ENDPOINT names a collector) until SIGINT or SIGTERM.
     Agent {
         /// TOML configuration file (see `slo-probe config print-default`).
         #[arg(short, long)]
