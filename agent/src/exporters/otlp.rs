@@ -684,19 +684,12 @@ pub fn pod_uid_of_cgroup(path: &str) -> Option<String> {
 /// Reads what `/proc/<pid>` says about a training process's pod.
 fn proc_identity(p: &ShimProcess, gpus: Option<&GpuSnapshot>) -> ProcIdentity {
     let pid = p.pid;
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .ok()
-        .map(|s| s.trim().to_owned());
+    let comm = crate::sources::procfs::stat(pid).map(|i| i.name);
     let pod_uid = crate::sources::procfs::cgroups(pid)
         .iter()
         .find_map(|l| pod_uid_of_cgroup(&l.path));
-    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-    let env = |name: &str| {
-        environ
-            .split(|&b| b == 0)
-            .filter_map(|kv| std::str::from_utf8(kv).ok())
-            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=').map(str::to_owned))
-    };
+    let environ = crate::sources::procfs::Environ::of(pid);
+    let env = |name: &str| environ.get(name);
     let in_k8s = env("KUBERNETES_SERVICE_HOST").is_some();
     let gpu_uuid = p
         .iterations

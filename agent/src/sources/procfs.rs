@@ -148,34 +148,43 @@ mod tests {
     }
 }
 
+/// A process's environment: `/proc/<pid>/environ`, NUL-separated `KEY=value` pairs. Reading
+/// another user's needs root or CAP_SYS_PTRACE; unreadable is empty.
+pub struct Environ(Vec<u8>);
+
+impl Environ {
+    /// The environment of `pid` (empty once it is gone or when unreadable).
+    pub fn of(pid: u32) -> Self {
+        Self(std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default())
+    }
+
+    /// A variable's value, when set and not empty.
+    pub fn get(&self, key: &str) -> Option<String> {
+        self.0
+            .split(|b| *b == 0)
+            .find_map(|kv| kv.strip_prefix(key.as_bytes())?.strip_prefix(b"="))
+            .filter(|v| !v.is_empty())
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    }
+}
+
 /// Which rank of which job a training process is, from its environment: the rank from `RANK`
 /// (torchrun), else `SLURM_PROCID`, `OMPI_COMM_WORLD_RANK` or `PMI_RANK`; the job from
-/// `SLO_PROBE_JOB`, else `TORCHELASTIC_RUN_ID`, `SLURM_JOB_ID` or `JOB_ID`. Reading another
-/// user's `/proc/<pid>/environ` needs root or CAP_SYS_PTRACE; unreadable gives `(None, None)`.
+/// `SLO_PROBE_JOB`, else `TORCHELASTIC_RUN_ID`, `SLURM_JOB_ID` or `JOB_ID`. An unreadable
+/// environment gives `(None, None)`.
 pub fn job_identity(pid: u32) -> (Option<u32>, Option<String>) {
-    std::fs::read(format!("/proc/{pid}/environ"))
-        .map(|b| parse_job_identity(&b))
-        .unwrap_or((None, None))
+    identity_of(&Environ::of(pid))
 }
 
 /// See [`job_identity`]: `environ` is NUL-separated `KEY=value` pairs.
 pub fn parse_job_identity(environ: &[u8]) -> (Option<u32>, Option<String>) {
-    let vars: Vec<(&[u8], &[u8])> = environ
-        .split(|b| *b == 0)
-        .filter_map(|kv| {
-            let i = kv.iter().position(|b| *b == b'=')?;
-            Some((&kv[..i], &kv[i + 1..]))
-        })
-        .collect();
-    let get = |k: &str| {
-        vars.iter()
-            .find(|(key, _)| *key == k.as_bytes())
-            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
-            .filter(|v| !v.is_empty())
-    };
+    identity_of(&Environ(environ.to_vec()))
+}
+
+fn identity_of(env: &Environ) -> (Option<u32>, Option<String>) {
     let rank = ["RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"]
         .iter()
-        .find_map(|k| get(k).and_then(|v| v.parse().ok()));
+        .find_map(|k| env.get(k).and_then(|v| v.parse().ok()));
     let job = [
         "SLO_PROBE_JOB",
         "TORCHELASTIC_RUN_ID",
@@ -183,7 +192,7 @@ pub fn parse_job_identity(environ: &[u8]) -> (Option<u32>, Option<String>) {
         "JOB_ID",
     ]
     .iter()
-    .find_map(|k| get(k))
+    .find_map(|k| env.get(k))
     .map(|j| j.chars().take(128).collect());
     (rank, job)
 }
