@@ -25,6 +25,8 @@
 use core::{fmt, mem::size_of};
 
 pub mod gpu;
+#[cfg(feature = "host")]
+pub mod host;
 pub mod net;
 pub mod proc;
 #[cfg(not(target_arch = "bpf"))]

@@ -157,15 +157,7 @@ thread_local! {
     static TID: Cell<u32> = const { Cell::new(0) };
 }
 
-fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer; CLOCK_MONOTONIC exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+use slo_probe_common::host::monotonic_ns as now_ns;
 
 fn tid() -> u32 {
     TID.with(|t| {

@@ -46,20 +46,11 @@ impl Transport {
         if unsafe { libc::ftruncate(memfd.as_raw_fd(), len as libc::off_t) } != 0 {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: mapping a file we own, shared so the agent sees the writes.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                memfd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        // SAFETY: a file we own, `len` bytes long (truncated above); shared so the agent sees
+        // the writes.
+        let base = unsafe { slo_probe_common::host::map_shared(memfd.as_raw_fd(), len) }
+            .ok_or_else(io::Error::last_os_error)?
+            .as_ptr();
         // SAFETY: a fresh zeroed mapping of `len` bytes, page aligned, never unmapped (the
         // process keeps it until exit).
         let ring = unsafe { Ring::init(base.cast(), len, std::process::id()) }

@@ -403,20 +403,12 @@ fn register(stream: UnixStream, me: u32, allowed: &[u32]) -> io::Result<Conn> {
             "ring file too small",
         ));
     }
-    // SAFETY: mapping a file we were given, shared, of a size checked above.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        )
-    };
-    if base == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
+    // SAFETY: a file we were given, of a size checked above.
+    let base: *mut libc::c_void =
+        unsafe { slo_probe_common::host::map_shared(fd.as_raw_fd(), len) }
+            .ok_or_else(io::Error::last_os_error)?
+            .as_ptr()
+            .cast();
     let mapping = Mapping { base, len };
     // SAFETY: the mapping lives in the same Conn as the ring.
     let ring = unsafe { Ring::open(base.cast(), len) }
