@@ -713,12 +713,7 @@ pub fn iterations_report(out: &mut String, p: &slo_probe_core::gputrace::ShimPro
         .map(|i| i.gpu_busy_ns as f64 / i.wall_ns().max(1) as f64)
         .collect();
     busy.sort_by(f64::total_cmp);
-    let mut lat: Vec<u64> = p
-        .iterations
-        .iter()
-        .flat_map(|i| i.launch_latencies_ns.iter().copied())
-        .collect();
-    lat.sort_unstable();
+    let lat = p.launch_latencies_ns();
     let _ = writeln!(
         out,
         "  {} iterations ({}): wall p50 {}, p99 {}; GPU busy p50 {:.1}%; {:.1} kernels and {:.1} graph \

@@ -316,6 +316,19 @@ pub struct ShimProcess {
     pub job_id: Option<String>,
 }
 
+impl ShimProcess {
+    /// Launch latencies of every activity in its recent iterations, ns, sorted.
+    pub fn launch_latencies_ns(&self) -> Vec<u64> {
+        let mut lat: Vec<u64> = self
+            .iterations
+            .iter()
+            .flat_map(|i| i.launch_latencies_ns.iter().copied())
+            .collect();
+        lat.sort_unstable();
+        lat
+    }
+}
+
 /// A short readable label for a kernel name: Inductor's fused operators; else the demangled C++
 /// function name without namespaces, template arguments and parameters; for CUTLASS-style
 /// `Kernel<Config>` wrappers, the configuration's name.

@@ -650,12 +650,7 @@ fn render_shims(out: &mut String, snapshot: &Snapshot) {
     for p in shims.iter().filter(|p| !p.iterations.is_empty()) {
         let mut walls: Vec<u64> = p.iterations.iter().map(|i| i.wall_ns()).collect();
         walls.sort_unstable();
-        let mut lat: Vec<u64> = p
-            .iterations
-            .iter()
-            .flat_map(|i| i.launch_latencies_ns.iter().copied())
-            .collect();
-        lat.sort_unstable();
+        let lat = p.launch_latencies_ns();
         let q = |v: &[u64], q: f64| v[((v.len() - 1) as f64 * q).round() as usize] as f64 / 1e9;
         for quantile in [0.5, 0.99] {
             let _ = writeln!(
