@@ -8,8 +8,7 @@
 
 use std::{
     collections::HashMap,
-    io::{Read as _, Write as _},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{Arc, Mutex},
@@ -32,7 +31,7 @@ use opentelemetry_proto::tonic::{
     trace::v1::Span,
 };
 use prost::Message as _;
-use slo_probe_tests::artefact;
+use slo_probe_tests::{artefact, free_addr, http_get};
 
 /// What a receiver got.
 #[derive(Default)]
@@ -178,12 +177,6 @@ fn http_receiver(addr: SocketAddr, got: Shared) -> Receiver {
         }
     });
     Receiver { rt: Some(rt) }
-}
-
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
 }
 
 /// Kills its processes on the way out, whatever happens.
@@ -537,16 +530,10 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 fn scrape(addr: SocketAddr) -> Option<String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    body.contains("200 OK").then_some(body)
+    match http_get(addr, "/metrics") {
+        Ok((200, body)) => Some(body),
+        _ => None,
+    }
 }
 
 fn ticks(text: &str) -> Option<f64> {

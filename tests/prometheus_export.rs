@@ -22,7 +22,7 @@ use std::{
     collections::BTreeMap,
     fmt::Write as _,
     io::{Read, Write},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::{SocketAddr, TcpListener},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{
@@ -34,7 +34,7 @@ use std::{
 };
 
 use serde_json::Value;
-use slo_probe_tests::artefact;
+use slo_probe_tests::{artefact, free_addr, http_get};
 
 const PROMETHEUS: &str = "/usr/bin/prometheus";
 const JOB: &str = "ci-job";
@@ -187,13 +187,6 @@ fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
-}
-
 fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -211,28 +204,6 @@ fn percent_encode(s: &str) -> String {
         }
     }
     out
-}
-
-/// A minimal HTTP/1.0 GET: the status and the body.
-fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(15)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf)?;
-    let text = String::from_utf8_lossy(&buf);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| std::io::Error::other("no HTTP header"))?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("bad status line: {head}")))?;
-    Ok((status, body.to_owned()))
 }
 
 fn wait_http(addr: SocketAddr, path: &str, what: &str, guard: &mut Guard, within: Duration) {
@@ -458,7 +429,7 @@ fn dashboards_get_data_from_a_real_prometheus() {
     };
 
     // The agent: whole node, short ticks and SLO windows.
-    let agent_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let agent_addr: SocketAddr = free_addr();
     let socket = dir.join("shim.sock");
     let config = dir.join("agent.toml");
     std::fs::write(
@@ -528,7 +499,7 @@ fn dashboards_get_data_from_a_real_prometheus() {
     rules.sort();
 
     // Prometheus.
-    let prom_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let prom_addr: SocketAddr = free_addr();
     let mut prom_config = String::from(
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n",
     );

@@ -316,6 +316,21 @@ pub struct ShimProcess {
     pub job_id: Option<String>,
 }
 
+/// A phase of an iteration: its name (the `phase` label) and its time, ns.
+pub type Phase = (&'static str, fn(&Iteration) -> u64);
+
+/// The phases of an iteration: GPU compute, communication (NCCL kernels) and memory
+/// operations, GPU idle before its first activity (host wait) and between activities (launch
+/// gaps), and communication overlapped with compute.
+pub const PHASES: [Phase; 6] = [
+    ("compute", |i| i.compute_ns),
+    ("communication", |i| i.comm_ns),
+    ("memory", |i| i.memory_ns),
+    ("host_wait", |i| i.idle_before_first_ns),
+    ("launch_gaps", |i| i.gaps_ns),
+    ("comm_overlap", |i| i.comm_overlap_ns),
+];
+
 impl ShimProcess {
     /// Launch latencies of every activity in its recent iterations, ns, sorted.
     pub fn launch_latencies_ns(&self) -> Vec<u64> {

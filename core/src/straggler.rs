@@ -22,7 +22,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::gputrace::{Iteration, ShimProcess};
+use crate::gputrace::{Iteration, Phase, ShimProcess, PHASES};
 
 /// `noncomm` score from which a rank is a straggler.
 pub const NONCOMM_OUTLIER: f64 = 1.15;
@@ -79,16 +79,13 @@ fn median_of(its: &[Iteration], f: impl Fn(&Iteration) -> f64) -> Option<f64> {
     median(&mut v)
 }
 
-/// A GPU phase of an iteration: its name and its time, ns.
-type Phase = (&'static str, fn(&Iteration) -> u64);
-
-/// The GPU phases a straggler's cause is looked for in.
-const PHASES: [Phase; 4] = [
-    ("compute", |i| i.compute_ns),
-    ("memory", |i| i.memory_ns),
-    ("host_wait", |i| i.idle_before_first_ns),
-    ("launch_gaps", |i| i.gaps_ns),
-];
+/// The phases a straggler's cause is looked for in: all but communication (the straggler has
+/// the least of it) and its overlap.
+fn cause_phases() -> impl Iterator<Item = &'static Phase> {
+    PHASES
+        .iter()
+        .filter(|(name, _)| !matches!(*name, "communication" | "comm_overlap"))
+}
 
 fn host_value(p: &ShimProcess, node: &str) -> Option<f64> {
     p.slo.as_ref()?.node(node)?.value
@@ -183,8 +180,7 @@ pub fn stragglers(shims: &[ShimProcess]) -> Vec<RankView> {
                     .max_by(|a, b| a.1.total_cmp(&b.1))
                     .map(|(n, _)| n.to_owned())
             } else {
-                PHASES
-                    .iter()
+                cause_phases()
                     .filter_map(|(name, f)| {
                         let mine = median_of(&procs[k].iterations, |i| f(i) as f64)?;
                         let mut others: Vec<f64> = procs

@@ -15,7 +15,7 @@ use hyper_util::rt::TokioIo;
 use slo_probe_common::Counter;
 use slo_probe_core::{
     cgroup::{CgroupRow, CpuStat},
-    gputrace::{Iteration, ShimProcess},
+    gputrace::ShimProcess,
     net::{endpoints, ConnRow, NetSnapshot},
     snapshot::Snapshot,
     threads::{RunqCounts, ThreadCounts, ThreadsSnapshot},
@@ -668,16 +668,7 @@ fn render_shims(out: &mut String, snapshot: &Snapshot) {
                 );
             }
         }
-        type Phase = (&'static str, fn(&Iteration) -> u64);
-        let phases: [Phase; 6] = [
-            ("compute", |i| i.compute_ns),
-            ("communication", |i| i.comm_ns),
-            ("memory", |i| i.memory_ns),
-            ("host_wait", |i| i.idle_before_first_ns),
-            ("launch_gaps", |i| i.gaps_ns),
-            ("comm_overlap", |i| i.comm_overlap_ns),
-        ];
-        for (phase, of) in phases {
+        for (phase, of) in slo_probe_core::gputrace::PHASES {
             let mut v: Vec<u64> = p.iterations.iter().map(of).collect();
             v.sort_unstable();
             for quantile in [0.5, 0.99] {
