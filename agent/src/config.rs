@@ -411,6 +411,17 @@ impl Config {
                 "must be \"grpc\" or \"http/protobuf\"",
             ));
         }
+        let endpoint = &self.otlp.endpoint;
+        if !endpoint.is_empty()
+            && (!(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
+                || endpoint.contains(char::is_whitespace))
+        {
+            return Err(invalid(
+                "otlp.endpoint",
+                endpoint,
+                "must be an http:// or https:// URL, e.g. \"http://otel-collector:4317\"",
+            ));
+        }
         if self.otlp.interval_ms != 0 && !(100..=3_600_000).contains(&self.otlp.interval_ms) {
             return Err(invalid(
                 "otlp.interval_ms",
@@ -516,6 +527,21 @@ mod tests {
         from_default.sort();
         from_file.sort();
         assert_eq!(from_default, from_file);
+    }
+
+    #[test]
+    fn otlp_settings_are_checked() {
+        for (text, key) in [
+            ("[otlp]\nprotocol = \"http/json\"\n", "otlp.protocol"),
+            ("[otlp]\nendpoint = \"collector:4317\"\n", "otlp.endpoint"),
+            ("[otlp]\nendpoint = \"http://not a url\"\n", "otlp.endpoint"),
+            ("[otlp]\ninterval_ms = 5\n", "otlp.interval_ms"),
+        ] {
+            let err = Config::from_toml(text, "x.toml").unwrap_err().to_string();
+            assert!(err.contains(key), "{text}: {err}");
+        }
+        let ok = "[otlp]\nprotocol = \"grpc\"\nendpoint = \"http://otel:4317\"\n";
+        assert!(Config::from_toml(ok, "x.toml").is_ok());
     }
 
     #[test]

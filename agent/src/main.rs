@@ -289,6 +289,9 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
 }
 
 fn agent(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
+    // The OTLP settings (config and OTEL_* variables) are checked before anything starts.
+    let otlp = exporters::otlp::Settings::resolve(&config.otlp)
+        .map_err(|e| anyhow::anyhow!("OTLP: {e}"))?;
     let collector = Collector::new(&config, no_ebpf, false)?;
     if collector.ebpf_up() {
         if config.target.is_set() {
@@ -324,8 +327,8 @@ fn agent(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
         } else {
             None
         };
-        let otlp = match exporters::otlp::Settings::resolve(&config.otlp) {
-            Ok(Some(settings)) => {
+        let otlp = match otlp {
+            Some(settings) => {
                 let exporter = exporters::otlp::OtlpExporter::new(
                     settings,
                     std::time::Duration::from_secs(config.agent.retention_s),
@@ -337,8 +340,7 @@ fn agent(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
                     shutdown_rx.clone(),
                 )))
             }
-            Ok(None) => None,
-            Err(e) => anyhow::bail!("OTLP: {e}"),
+            None => None,
         };
         let stop = Arc::new(AtomicBool::new(false));
         let handle = collector::spawn(collector, config.tick(), tx, stop.clone())
