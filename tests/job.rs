@@ -13,9 +13,9 @@ use std::{
 };
 
 use slo_probe::{
+    cli::observe,
     collector::Collector,
     config::Config,
-    observe,
     sources::ebpf::{EbpfSettings, Probes},
 };
 use slo_probe_common::{decode_as, ProcessEventRecord, PROC_FORK};

@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use slo_probe::{exporters::slo::render_slo, sources::shim::ShimSource};
+use slo_probe::{exporters::prometheus::slo::render_slo, sources::shim::ShimSource};
 use slo_probe_core::{attribution::DATA_LOADING_OP, slo::SloSpec};
 
 fn shim_library() -> PathBuf {

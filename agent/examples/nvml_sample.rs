@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use slo_probe::{error_chain, exporters::gpu::render_gpus, sources::nvml::NvmlSampler};
+use slo_probe::{error_chain, exporters::prometheus::gpu::render_gpus, sources::nvml::NvmlSampler};
 
 fn main() {
     env_logger::init();

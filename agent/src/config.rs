@@ -307,7 +307,7 @@ pub struct TcpConfig {
     pub enabled: bool,
     /// Connection map capacity. Default [`DEFAULT_MAX_CONNS`].
     pub max_connections: u32,
-    /// tracefs mount point. Default [`crate::preflight::TRACEFS`].
+    /// tracefs mount point. Default [`crate::sources::ebpf::preflight::TRACEFS`].
     pub tracefs: std::path::PathBuf,
 }
 
@@ -316,7 +316,7 @@ impl Default for TcpConfig {
         Self {
             enabled: true,
             max_connections: DEFAULT_MAX_CONNS,
-            tracefs: crate::preflight::TRACEFS.into(),
+            tracefs: crate::sources::ebpf::preflight::TRACEFS.into(),
         }
     }
 }

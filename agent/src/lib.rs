@@ -2,13 +2,10 @@
 //! (Prometheus) and the pieces of the `slo-probe` command line. The binary in `main.rs` only
 //! parses arguments and wires these together, so integration tests use the same code.
 
-pub mod btf;
+pub mod cli;
 pub mod collector;
 pub mod config;
 pub mod exporters;
-pub mod observe;
-pub mod preflight;
-pub mod replay;
 pub mod sources;
 
 /// An error and its sources on one line: `outer: inner: innermost`.

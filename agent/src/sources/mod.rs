@@ -5,4 +5,3 @@ pub mod ebpf;
 pub mod nvml;
 pub mod procfs;
 pub mod shim;
-pub mod tracefs;

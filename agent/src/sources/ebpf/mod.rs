@@ -11,6 +11,9 @@
 //! Needs CAP_BPF + CAP_PERFMON (or root).
 
 pub mod batch;
+pub mod btf;
+pub mod preflight;
+pub mod tracefs;
 
 use std::{collections::BTreeSet, os::fd::AsFd, time::Duration};
 
@@ -22,11 +25,11 @@ use aya::{
 use slo_probe_common::{ConnStats, Counter, SockOffsets, ThreadStats, CONN_CLOSED, THREAD_EXITED};
 use slo_probe_core::{net::ConnRead, snapshot::ProbeStatus, threads::ThreadRead};
 
-use crate::{
+use self::{
     btf::{BtfError, TaskOffsets},
     preflight::{Preflight, TRACEFS},
-    sources::{procfs, tracefs},
 };
+use crate::sources::procfs;
 
 /// The eBPF object, built by `build.rs`.
 static EBPF_OBJECT: &[u8] =
@@ -212,10 +215,10 @@ impl Probes {
 
     /// Loads the object and attaches the selected programs.
     pub fn load_selected(settings: &EbpfSettings, sel: &Selection) -> Result<Self, EbpfError> {
-        let kernel_btf = crate::btf::Btf::from_sys_fs().map_err(EbpfError::Offsets)?;
+        let kernel_btf = btf::Btf::from_sys_fs().map_err(EbpfError::Offsets)?;
         let offsets = TaskOffsets::from_btf(&kernel_btf).map_err(EbpfError::Offsets)?;
         let sock = if settings.net {
-            crate::btf::sock_offsets(&kernel_btf).map_err(|e| crate::error_chain(&e))
+            btf::sock_offsets(&kernel_btf).map_err(|e| crate::error_chain(&e))
         } else {
             Ok(SockOffsets::default())
         };

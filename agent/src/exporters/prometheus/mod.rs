@@ -7,6 +7,9 @@
 //! cgroup series one per cgroup holding a job process. Histogram buckets are the kernel's log2
 //! slots from 1.024 µs to 17.2 s (25 buckets + `+Inf`).
 
+pub mod gpu;
+pub mod slo;
+
 use std::{convert::Infallible, fmt::Write as _, net::SocketAddr, sync::Arc};
 
 use http_body_util::Full;
@@ -118,9 +121,9 @@ pub fn render(snapshot: &Snapshot, per_thread: bool) -> String {
     render_cgroups(&mut out, snapshot);
     render_shims(&mut out, snapshot);
     render_stragglers(&mut out, &snapshot.shims);
-    super::slo::render_slo(&mut out, &snapshot.shims);
+    slo::render_slo(&mut out, &snapshot.shims);
     if let Some(g) = &snapshot.gpus {
-        super::gpu::render_gpus(&mut out, g);
+        gpu::render_gpus(&mut out, g);
     }
 
     header(

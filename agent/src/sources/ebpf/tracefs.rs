@@ -6,7 +6,7 @@ use std::{collections::HashMap, path::Path};
 
 use slo_probe_common::NetTpOffsets;
 
-use crate::preflight::TRACEFS;
+use super::preflight::TRACEFS;
 
 /// Errors reading a tracepoint format.
 #[derive(Debug, thiserror::Error)]

@@ -9,7 +9,7 @@ use slo_probe_core::{
     slo::{NodeState, Severity},
 };
 
-use super::prometheus::{escape, header, proc_labels};
+use super::{escape, header, proc_labels};
 
 /// Every state a node can be in, for `slo_probe_slo_state`.
 const STATES: [NodeState; 5] = [

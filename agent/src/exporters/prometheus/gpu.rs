@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 
 use slo_probe_core::gpu::{GpuSample, GpuSnapshot};
 
-use super::prometheus::{escape, header};
+use super::{escape, header};
 
 /// How a series reads its value from a sample.
 type Value = fn(&GpuSample) -> Option<f64>;

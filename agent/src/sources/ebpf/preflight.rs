@@ -3,7 +3,7 @@
 
 use std::{fmt, path::Path};
 
-use crate::btf::VMLINUX_BTF;
+use super::btf::VMLINUX_BTF;
 
 /// Capability numbers from `linux/capability.h`.
 const CAP_SYS_ADMIN: u32 = 21;

@@ -170,7 +170,7 @@ pub fn report(r: &Replayed) -> String {
             String::new()
         },
     );
-    crate::observe::iterations_report(&mut out, p);
+    super::observe::iterations_report(&mut out, p);
     out
 }
 

@@ -315,7 +315,7 @@ fn accept_loop(
                         let limits = s.limits;
                         s.conns.push(conn);
                         let spec = s.slo.clone();
-                        let (rank, job_id) = super::procfs::job_identity(pid);
+                        let (rank, job_id) = crate::sources::procfs::job_identity(pid);
                         let p = s.procs.entry(pid).or_insert_with(|| {
                             let mut asm = TraceAssembler::new();
                             asm.set_limits(limits);

@@ -1,0 +1,272 @@
+//! The `slo-probe` command line: its arguments, and one function per subcommand. `main.rs` only
+//! parses and calls [`run`]; `agent` is in [`agent`], `observe` in [`observe`], `replay` in
+//! [`replay`]; `check` and `config` are short enough to live here.
+
+pub mod agent;
+pub mod observe;
+pub mod replay;
+
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use slo_probe_core::occupancy::SmLimits;
+
+use crate::{
+    collector::Collector,
+    config::{Config, DEFAULT_TOML},
+    sources::ebpf::preflight::Preflight,
+};
+
+/// slo-probe: SLO monitoring and attribution for GPU training nodes.
+///
+/// Measures what the Linux kernel does to a job's threads (eBPF) and what its GPUs do (a CUPTI
+/// shim, NVML), judges it against an SLO tree, and exports it for Prometheus and OpenTelemetry.
+/// Loading eBPF programs needs root, or CAP_BPF and CAP_PERFMON.
+#[derive(Parser)]
+#[command(version, about, long_about)]
+pub struct Cli {
+    /// Log level: error, warn, info, debug, trace (RUST_LOG overrides).
+    #[arg(long, global = true, default_value = "info")]
+    pub log_level: String,
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// Run the agent: attach the probes, serve Prometheus metrics and push OTLP (when
+    /// `[otlp]` or OTEL_EXPORTER_OTLP_ENDPOINT names a collector) until SIGINT or SIGTERM.
+    Agent {
+        /// TOML configuration file (see `slo-probe config print-default`).
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// Prometheus listen address (overrides prometheus.listen).
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// Follow this process and its descendants (repeatable; adds to target.pids). Without
+        /// --pid or --cgroup the whole node is followed.
+        #[arg(long = "pid", value_name = "PID")]
+        pids: Vec<u32>,
+        /// Follow the processes of this cgroup (path as in /proc/PID/cgroup; repeatable).
+        #[arg(long = "cgroup", value_name = "PATH")]
+        cgroups: Vec<String>,
+        /// Do not load eBPF programs; serve what is available without them.
+        #[arg(long)]
+        no_ebpf: bool,
+    },
+    /// Run a command, follow its process tree for a while, and print what was measured, by
+    /// thread role.
+    Observe {
+        /// TOML configuration file.
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// How long to observe, in seconds (the command is stopped after this if still running).
+        /// Under 150 s, the SLO windows are a fifteenth of it (1 to 10 s) unless slo.window_ms
+        /// is configured.
+        #[arg(short, long, default_value_t = 5.0)]
+        duration: f64,
+        /// Rows of the per-thread table.
+        #[arg(long, default_value_t = 20)]
+        top: usize,
+        /// Also write the observation as JSON to this file (iterations, GPU counters, roles).
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+        /// Do not inject the CUPTI shim into the command (by default `libslo_probe_cupti.so`
+        /// next to this binary is injected with CUDA_INJECTION64_PATH when it exists).
+        #[arg(long)]
+        no_gpu: bool,
+        /// The command and its arguments (after `--`).
+        #[arg(required = true, last = true)]
+        command: Vec<String>,
+    },
+    /// Replay GPU recordings (the <pid>.bin files the agent writes to shim.record_dir, such as
+    /// tests/fixtures/gpu/*.bin, recorded on an H200) through the agent's decoding and iteration
+    /// assembly, and print the GPU report: no GPU needed.
+    Replay {
+        /// Recordings.
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+        /// Compute capability of the GPU they were recorded on (9.0 for H100 and H200), for
+        /// theoretical occupancy; without it occupancy is not computed.
+        #[arg(long, value_name = "MAJOR.MINOR")]
+        compute_capability: Option<String>,
+        /// Ignore the step markers and detect iterations from the kernel sequence.
+        #[arg(long)]
+        detect: bool,
+        /// Also write the replayed processes as JSON to this file.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+        /// SLO window length in ms (default: a fifteenth of the recording, 100 ms to 10 s).
+        #[arg(long, value_name = "MS")]
+        window_ms: Option<u64>,
+    },
+    /// Check what this machine allows (privileges, kernel BTF, tracefs); exit 1 if the eBPF
+    /// probes cannot load.
+    Check,
+    /// Configuration helpers.
+    Config {
+        #[command(subcommand)]
+        action: ConfigCmd,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ConfigCmd {
+    /// Print the default configuration, with a comment on every key.
+    PrintDefault,
+    /// Validate a configuration file.
+    Check {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
+fn load_config(path: Option<&PathBuf>) -> anyhow::Result<Config> {
+    match path {
+        Some(p) => Ok(Config::from_file(p)?),
+        None => Ok(Config::default()),
+    }
+}
+
+/// Runs one subcommand.
+pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
+    match cmd {
+        Cmd::Agent {
+            config,
+            listen,
+            pids,
+            cgroups,
+            no_ebpf,
+        } => {
+            let mut config = load_config(config.as_ref())?;
+            if let Some(l) = listen {
+                config.prometheus.listen = l;
+            }
+            config.target.pids.extend(pids);
+            config.target.cgroups.extend(cgroups);
+            config.validate()?;
+            agent::run(config, no_ebpf)
+        }
+        Cmd::Observe {
+            config,
+            duration,
+            top,
+            json,
+            no_gpu,
+            command,
+        } => {
+            let mut config = load_config(config.as_ref())?;
+            anyhow::ensure!(
+                duration.is_finite() && duration > 0.0,
+                "--duration must be a positive number of seconds"
+            );
+            // A short run gets short SLO windows (unless configured), so that baselines are
+            // learned and violations can be judged within it.
+            let default_slo = slo_probe_core::slo::SloSpec::default();
+            if config.slo.window_ms == default_slo.window_ms && duration < 150.0 {
+                config.slo.window_ms = ((duration * 1000.0 / 15.0) as u64).clamp(1000, 10_000);
+                if config.slo.learn_windows == default_slo.learn_windows {
+                    config.slo.learn_windows = 3;
+                }
+            }
+            let mut collector = Collector::new(&config, false, true)?;
+            let inject = observe::Inject {
+                library: (!no_gpu && collector.shim().is_some())
+                    .then(|| config.shim.library_path())
+                    .flatten(),
+                socket: collector.shim().map(|s| s.path().to_owned()),
+            };
+            match &inject.library {
+                Some(lib) => log::info!("injecting the CUPTI shim {}", lib.display()),
+                None if !no_gpu => log::info!(
+                    "no CUPTI shim to inject (libslo_probe_cupti.so next to slo-probe, or \
+                     shim.library): GPU tracing off"
+                ),
+                None => {}
+            }
+            let obs = observe::run(
+                &mut collector,
+                &command,
+                Duration::from_secs_f64(duration),
+                config.tick(),
+                &inject,
+            )?;
+            print!("{}", observe::report(&obs, &command.join(" "), top));
+            if let Some(path) = json {
+                let text = serde_json::to_string_pretty(&observe::json(&obs, &command.join(" ")))
+                    .context("cannot encode the observation")?;
+                std::fs::write(&path, text)
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Replay {
+            files,
+            compute_capability,
+            detect,
+            json,
+            window_ms,
+        } => {
+            anyhow::ensure!(
+                window_ms.is_none_or(|w| (100..=3_600_000).contains(&w)),
+                "--window-ms must be 100..=3600000"
+            );
+            let limits = match compute_capability.as_deref() {
+                None => None,
+                Some(cc) => {
+                    let parsed = cc
+                        .split_once('.')
+                        .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
+                    let (major, minor) = parsed.with_context(|| {
+                        format!("--compute-capability {cc}: expected MAJOR.MINOR, like 9.0")
+                    })?;
+                    Some(SmLimits::for_capability(major, minor).with_context(|| {
+                        format!("--compute-capability {cc}: not a GPU architecture slo-probe knows")
+                    })?)
+                }
+            };
+            let mut out = Vec::new();
+            for (i, f) in files.iter().enumerate() {
+                let r = replay::replay(f, limits, detect, window_ms)?;
+                if i > 0 {
+                    println!();
+                }
+                print!("{}", replay::report(&r));
+                out.push(observe::shim_json(&r.process));
+            }
+            if let Some(path) = json {
+                let text = serde_json::to_string_pretty(&out)
+                    .context("cannot encode the replayed recordings")?;
+                std::fs::write(&path, text)
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Check => {
+            let p = Preflight::run();
+            print!("{p}");
+            Ok(match p.blocker() {
+                None => {
+                    println!("the eBPF probes can load");
+                    ExitCode::SUCCESS
+                }
+                Some(f) => {
+                    println!("the eBPF probes cannot load: {}", f.what);
+                    ExitCode::FAILURE
+                }
+            })
+        }
+        Cmd::Config { action } => match action {
+            ConfigCmd::PrintDefault => {
+                print!("{DEFAULT_TOML}");
+                Ok(ExitCode::SUCCESS)
+            }
+            ConfigCmd::Check { path } => {
+                Config::from_file(&path)?;
+                println!("{}: ok", path.display());
+                Ok(ExitCode::SUCCESS)
+            }
+        },
+    }
+}
