@@ -3,8 +3,10 @@
 //! [`replay`]; `check` and `config` are short enough to live here.
 
 pub mod agent;
+pub mod json;
 pub mod observe;
 pub mod replay;
+pub mod report;
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
@@ -192,9 +194,9 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 config.tick(),
                 &inject,
             )?;
-            print!("{}", observe::report(&obs, &command.join(" "), top));
+            print!("{}", report::report(&obs, &command.join(" "), top));
             if let Some(path) = json {
-                let text = serde_json::to_string_pretty(&observe::json(&obs, &command.join(" ")))
+                let text = serde_json::to_string_pretty(&json::json(&obs, &command.join(" ")))
                     .context("cannot encode the observation")?;
                 std::fs::write(&path, text)
                     .with_context(|| format!("cannot write {}", path.display()))?;
@@ -233,7 +235,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     println!();
                 }
                 print!("{}", replay::report(&r));
-                out.push(observe::shim_json(&r.process));
+                out.push(json::shim_json(&r.process));
             }
             if let Some(path) = json {
                 let text = serde_json::to_string_pretty(&out)
