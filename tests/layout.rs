@@ -144,10 +144,10 @@ fn paths_in(code: &str) -> Vec<String> {
 /// Resolves a path named in module `here` to a path from the crate root.
 fn resolve(here: &[String], path: &str, is_dir_module: bool) -> Option<Vec<String>> {
     let segs: Vec<&str> = path.split("::").filter(|s| !s.is_empty()).collect();
-    let (base, rest): (Vec<String>, &[&str]) = match segs.first()? {
-        &"crate" => (Vec::new(), &segs[1..]),
-        &"self" => (here.to_vec(), &segs[1..]),
-        &"super" => {
+    let (base, rest): (Vec<String>, &[&str]) = match *segs.first()? {
+        "crate" => (Vec::new(), &segs[1..]),
+        "self" => (here.to_vec(), &segs[1..]),
+        "super" => {
             let mut b = here.to_vec();
             let mut k = 0;
             while segs.get(k) == Some(&"super") {

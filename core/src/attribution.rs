@@ -71,10 +71,14 @@ pub struct OpAgg {
     pub kind: OpKind,
     /// GPU time, ns.
     pub gpu_ns: u64,
+    /// GPU time on the critical path (see [`crate::gputrace::OpTime::critical_ns`]), ns.
+    pub critical_ns: u64,
     /// Activities.
     pub count: u64,
-    /// GPU idle time just before its activities, ns.
+    /// GPU idle time just before its activities because they were launched late, ns.
     pub gap_ns: u64,
+    /// GPU idle time just before its activities while they were queued, ns.
+    pub wait_ns: u64,
     /// Occupancy × ns, over activities with a known occupancy.
     pub occ_weighted: f64,
     /// ns of activities with a known occupancy.
@@ -86,8 +90,10 @@ pub struct OpAgg {
 impl OpAgg {
     fn add(&mut self, o: &OpAgg) {
         self.gpu_ns += o.gpu_ns;
+        self.critical_ns += o.critical_ns;
         self.count += o.count;
         self.gap_ns += o.gap_ns;
+        self.wait_ns += o.wait_ns;
         self.occ_weighted += o.occ_weighted;
         self.occ_ns += o.occ_ns;
         self.bytes += o.bytes;
@@ -142,20 +148,29 @@ pub struct Profile {
     pub overflowed: u64,
     /// Host deltas over the window.
     pub host: HostDelta,
+    /// Sum of the SM clocks NVML saw during the iterations that have NVML data, MHz, and how
+    /// many they are.
+    pub sm_clock_mhz: (f64, u64),
 }
 
 impl Profile {
     /// Adds one iteration.
     pub fn add_iteration(&mut self, it: &Iteration) {
         self.iterations += 1;
-        self.wall_ns += it.wall_ns();
+        self.wall_ns += it.step_ns();
         self.idle_before_ns += it.idle_before_first_ns;
+        if let Some(c) = it.gpu.as_ref().and_then(|g| g.sm_clock_mhz) {
+            self.sm_clock_mhz.0 += c;
+            self.sm_clock_mhz.1 += 1;
+        }
         for o in &it.ops {
             let agg = OpAgg {
                 kind: o.kind,
                 gpu_ns: o.gpu_ns,
+                critical_ns: o.critical_ns,
                 count: u64::from(o.kernels),
                 gap_ns: o.gap_ns,
+                wait_ns: o.wait_ns,
                 occ_weighted: o.occupancy.map_or(0.0, |v| v * o.gpu_ns as f64),
                 occ_ns: if o.occupancy.is_some() { o.gpu_ns } else { 0 },
                 bytes: o.bytes,
@@ -185,6 +200,8 @@ impl Profile {
         self.wall_ns += o.wall_ns;
         self.idle_before_ns += o.idle_before_ns;
         self.overflowed += o.overflowed;
+        self.sm_clock_mhz.0 += o.sm_clock_mhz.0;
+        self.sm_clock_mhz.1 += o.sm_clock_mhz.1;
         for (k, v) in &o.ops {
             self.add_op(&k.0, v);
         }
@@ -222,9 +239,13 @@ pub struct Cause {
     pub detail: String,
 }
 
-/// A host cause found in the same windows.
+/// A host (or device) cause found in the same windows.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostCause {
+    /// Which: the SLO host node it belongs to (`host.runqueue.main`,
+    /// `host.runqueue.data_loader`, `host.runqueue.communication`, `host.runqueue.pin_memory`,
+    /// `host.throttling`, `host.retransmits`), or `gpu.sm_clock` for the GPU's clock (NVML).
+    pub node: &'static str,
     /// What, in words (`main threads waited 4.1 ms per iteration for a CPU`).
     pub what: String,
     /// How much it grew per iteration (ns, or events for retransmits).
@@ -291,8 +312,12 @@ pub fn attribute(baseline: &Profile, now: &Profile) -> Option<Attribution> {
         let b = baseline.ops.get(op).unwrap_or(&empty);
         let n = now.ops.get(op).unwrap_or(&empty);
         let gpu = (per(b.gpu_ns, nb), per(n.gpu_ns, nn));
-        let gap = (per(b.gap_ns, nb), per(n.gap_ns, nn));
-        let d_gpu = gpu.1 - gpu.0;
+        // What it added to the iteration: its GPU time on the critical path, and the GPU idle
+        // before it (launched late, or queued behind a dependency). Queueing behind earlier
+        // work is in neither: it is never a cause.
+        let crit = (per(b.critical_ns, nb), per(n.critical_ns, nn));
+        let gap = (per(b.gap_ns + b.wait_ns, nb), per(n.gap_ns + n.wait_ns, nn));
+        let d_gpu = crit.1 - crit.0;
         let d_gap = gap.1 - gap.0;
         gap_growth.push(d_gap.max(0.0));
         let kind = if n.count > 0 { n.kind } else { b.kind };
@@ -350,10 +375,33 @@ pub fn attribute(baseline: &Profile, now: &Profile) -> Option<Attribution> {
     });
     causes.retain(|c| c.delta_ns > 0.0);
     causes.truncate(TOP);
-    let host = causes
+    let mut host = causes
         .first()
         .map(|c| host_causes(c.dimension, &baseline.host, nb, &now.host, nn))
         .unwrap_or_default();
+    // A slower GPU clock lengthens every kernel: the device cause of an execution slowdown.
+    if causes
+        .first()
+        .is_some_and(|c| matches!(c.dimension, Dimension::Execution | Dimension::Occupancy))
+    {
+        let clock = |p: &Profile| {
+            (p.sm_clock_mhz.1 > 0).then(|| p.sm_clock_mhz.0 / p.sm_clock_mhz.1 as f64)
+        };
+        if let (Some(before), Some(now_mhz)) = (clock(baseline), clock(now)) {
+            if now_mhz < 0.9 * before {
+                host.insert(
+                    0,
+                    HostCause {
+                        node: "gpu.sm_clock",
+                        what: format!(
+                            "the GPU's SM clock fell from {before:.0} to {now_mhz:.0} MHz (NVML)"
+                        ),
+                        delta: before - now_mhz,
+                    },
+                );
+            }
+        }
+    }
     Some(Attribution {
         iteration_ns: (baseline.mean_wall_ns(), now.mean_wall_ns()),
         causes,
@@ -426,6 +474,17 @@ fn classify(
     }
 }
 
+/// The SLO node of a role's run-queue wait.
+pub fn runqueue_node(role: Role) -> &'static str {
+    match role {
+        Role::Main => "host.runqueue.main",
+        Role::DataLoader => "host.runqueue.data_loader",
+        Role::Communication => "host.runqueue.communication",
+        Role::PinMemory => "host.runqueue.pin_memory",
+        Role::Other => "host.runqueue.other",
+    }
+}
+
 /// Host changes per iteration that go with `dimension`, largest first.
 fn host_causes(
     dimension: Dimension,
@@ -440,6 +499,7 @@ fn host_causes(
         let now = per(n.role(role).runq_ns, nn);
         if now - before > 20_000.0 && now > 1.5 * before {
             out.push(HostCause {
+                node: runqueue_node(role),
                 what: format!(
                     "{} threads waited {} per iteration for a CPU (run queue; was {})",
                     role.as_str(),
@@ -455,6 +515,7 @@ fn host_causes(
         let now = per(n.throttled_ns, nn);
         if now - before > 20_000.0 && now > 1.5 * before {
             out.push(HostCause {
+                node: "host.throttling",
                 what: format!(
                     "the job's cgroup was throttled {} per iteration (was {})",
                     ms(now),
@@ -485,6 +546,7 @@ fn host_causes(
                     .map(|c| format!(" on {}", c.label))
                     .unwrap_or_default();
                 out.push(HostCause {
+                    node: "host.retransmits",
                     what: format!(
                         "{total} TCP retransmits{on} ({:.1} per iteration; was {:.1})",
                         now, before
@@ -519,8 +581,10 @@ mod tests {
                 OpAgg {
                     kind: *kind,
                     gpu_ns: gpu * iterations,
+                    critical_ns: gpu * iterations,
                     count: 2 * iterations,
                     gap_ns: gap * iterations,
+                    wait_ns: 0,
                     occ_weighted: occ * (gpu * iterations) as f64,
                     occ_ns: gpu * iterations,
                     bytes: if *kind == OpKind::Memory { 1 << 20 } else { 0 } * iterations,

@@ -173,14 +173,21 @@ pub struct OpTime {
     pub kind: OpKind,
     /// Sum of its activities' GPU time, ns.
     pub gpu_ns: u64,
+    /// The part of its GPU time on the critical path (that extended the GPU's busy time;
+    /// work hidden behind other work has none), ns.
+    pub critical_ns: u64,
     /// Activities (kernels, graph launches or memory operations).
     pub kernels: u32,
     /// GPU-time-weighted mean theoretical occupancy of its kernels, when known.
     pub occupancy: Option<f64>,
-    /// GPU idle time just before its activities (since the previous activity on the GPU
-    /// ended), ns: what late launches of this operator cost the iteration.
+    /// GPU idle time just before its activities because nothing was queued (they were
+    /// launched after the GPU went idle), ns: what late launches of this operator cost.
     pub gap_ns: u64,
-    /// Mean launch latency (GPU start − API entry) of its activities, ns, when known.
+    /// GPU idle time just before its activities while they were queued (waiting on another
+    /// stream or an event), ns.
+    pub wait_ns: u64,
+    /// Mean launch latency (GPU start − API entry) of its activities that found the GPU
+    /// waiting for them, ns (queueing behind earlier work is not latency), when known.
     pub launch_latency_ns: Option<u64>,
     /// Bytes its memory operations moved.
     pub bytes: u64,
@@ -197,8 +204,13 @@ pub struct Iteration {
     pub start_ns: u64,
     /// Host-side end, ns.
     pub end_ns: u64,
-    /// GPU time covered by at least one activity, ns.
+    /// GPU busy time on the critical path of its period: the time its activities kept the GPU
+    /// busy beyond what was already running, ns (at most [`Iteration::gpu_period_ns`]).
     pub gpu_busy_ns: u64,
+    /// Its period on the GPU timeline: from when the GPU was done with earlier work (the
+    /// previous iteration's) to when it was done with this one's, ns; for the first iteration,
+    /// from its host-side start. What the GPU spent on it, busy or idle.
+    pub gpu_period_ns: u64,
     /// Start of its first GPU activity or CUDA event, ns (the iteration's start when it has
     /// none).
     pub gpu_start_ns: u64,
@@ -221,12 +233,19 @@ pub struct Iteration {
     /// Time a communication kernel ran while a compute kernel or graph ran too, ns: how much
     /// of the gradient sync is hidden behind compute (DDP overlaps all-reduce with backward).
     pub comm_overlap_ns: u64,
-    /// GPU idle time from the iteration's start to its first activity, ns (host wait, data
-    /// loading).
+    /// GPU idle time before its first activity on the GPU timeline, ns: from when the GPU was
+    /// done with the previous iteration's work (host wait, data loading; for the first
+    /// iteration, from its host-side start). Zero when its work was queued before the GPU got
+    /// to it: a CPU running ahead hides the host.
     pub idle_before_first_ns: u64,
-    /// GPU idle time between its first activity and its last, ns (launch gaps).
+    /// GPU idle time between its activities because nothing was queued (the host launched
+    /// late), ns (launch gaps).
     pub gaps_ns: u64,
-    /// Launch latencies (GPU start − API entry) of its activities, ns, sorted.
+    /// GPU idle time between its activities although work was queued (stream dependencies,
+    /// events), ns.
+    pub wait_ns: u64,
+    /// Launch latencies (GPU start − API entry) of its activities that found the GPU waiting
+    /// for them, ns, sorted (queueing behind earlier work is left out).
     pub launch_latencies_ns: Vec<u64>,
     /// Time per operator, largest first.
     pub ops: Vec<OpTime>,
@@ -240,9 +259,25 @@ pub struct Iteration {
 }
 
 impl Iteration {
-    /// Wall time, ns.
+    /// Wall time between its host-side markers (or detected boundaries), ns.
     pub fn wall_ns(&self) -> u64 {
         self.end_ns.saturating_sub(self.start_ns)
+    }
+
+    /// How long the iteration took: its period on the GPU timeline when it ran GPU work (a
+    /// CPU running ahead of the GPU makes host-side step times say when the host was let go,
+    /// not how long the step took), else its wall time.
+    pub fn step_ns(&self) -> u64 {
+        if self.gpu_period_ns > 0 {
+            self.gpu_period_ns
+        } else {
+            self.wall_ns()
+        }
+    }
+
+    /// Share of its period with the GPU busy (0..=1; 0 without GPU work).
+    pub fn gpu_busy_ratio(&self) -> f64 {
+        (self.gpu_busy_ns as f64 / self.step_ns().max(1) as f64).min(1.0)
     }
 
     /// From the start of its first GPU activity to the end of its last, ns.
@@ -393,6 +428,8 @@ enum OpKey {
 #[derive(Clone, Copy, Default)]
 struct OpAcc {
     gpu_ns: u64,
+    critical_ns: u64,
+    wait_ns: u64,
     count: u32,
     occ_weighted: f64,
     occ_ns: u64,
@@ -457,6 +494,8 @@ pub struct TraceAssembler {
     marked: bool,
     next_detected: u64,
     graph_counts: HashMap<u32, u64>,
+    /// The correlation id of the last graph launch seen at node level, per graph.
+    graph_launch_corr: FxHashMap<u32, u32>,
     /// GPU time of node-level kernels by graph, then by (operator id, kernel name id).
     graph_contents: FxHashMap<u32, FxHashMap<(u32, u32), u64>>,
     /// Whether `graph_contents` grew since [`TraceAssembler::graph_ops`] was last asked.
@@ -464,6 +503,8 @@ pub struct TraceAssembler {
     table: OpTable,
     /// Scratch of `summarise`, indexed by operator.
     acc: Vec<OpAcc>,
+    /// The GPU timeline of the activities summarised so far.
+    timeline: GpuTimeline,
     /// Scratch of `summarise`: activities sorted by start.
     sorted: Vec<Activity>,
     /// Scratch of `summarise`: operators seen in the iteration.
@@ -644,6 +685,13 @@ impl TraceAssembler {
                     a.op_id = self.node_ops.get(&k.graph_node_id).copied().unwrap_or(0);
                 }
                 if k.graph_id != 0 {
+                    // A node of a graph launch traced at node level: one launch per
+                    // correlation id (every node of a launch carries the launch's).
+                    let last = self.graph_launch_corr.entry(k.graph_id).or_insert(0);
+                    if *last != k.correlation_id {
+                        *last = k.correlation_id;
+                        *self.graph_counts.entry(k.graph_id).or_default() += 1;
+                    }
                     *self
                         .graph_contents
                         .entry(k.graph_id)
@@ -834,6 +882,27 @@ impl TraceAssembler {
         self.period
     }
 
+    /// GPU idle time before each pending activity (in their launch order), ns: how long the
+    /// GPU had been idle when it started (0 for events and the first one).
+    fn gpu_idle_before(&self) -> Vec<u64> {
+        let mut busy_until = 0u64;
+        self.pending
+            .iter()
+            .map(|a| {
+                if a.kind == ActivityKind::Event || a.end_ns <= a.start_ns {
+                    return 0;
+                }
+                let i = if busy_until == 0 {
+                    0
+                } else {
+                    a.start_ns.saturating_sub(busy_until)
+                };
+                busy_until = busy_until.max(a.end_ns);
+                i
+            })
+            .collect()
+    }
+
     fn take_detected(&mut self, flush: bool) -> Vec<Iteration> {
         self.sort_pending();
         // The graph launched most often; among equals the one created first (lowest id), so
@@ -843,13 +912,51 @@ impl TraceAssembler {
             .iter()
             .max_by_key(|(g, n)| (**n, std::cmp::Reverse(**g)))
         {
-            Some((&g, &n)) if n >= 2 => self
-                .pending
-                .iter()
-                .filter(|a| a.kind == ActivityKind::Graph && a.graph_id == g)
-                .map(Activity::anchor_ns)
-                .collect(),
+            Some((&g, &n)) if n >= 2 => {
+                // Its launches: graph-level records, and node-level kernels (all nodes of a
+                // launch share the launch's time).
+                // A launch starts the iteration together with the copies launched just before
+                // it (the batch), from the one the GPU waited longest for.
+                let idle = self.gpu_idle_before();
+                let mut b: Vec<u64> = Vec::new();
+                for (k, a) in self.pending.iter().enumerate() {
+                    let launch = a.graph_id == g
+                        && (a.kind == ActivityKind::Graph
+                            || a.kind == ActivityKind::GraphKernel && a.launch_ns != 0);
+                    if !launch || b.last() == Some(&a.anchor_ns()) {
+                        continue;
+                    }
+                    let mut from = k;
+                    while from > 0 && self.pending[from - 1].kind == ActivityKind::Memory {
+                        from -= 1;
+                    }
+                    let at = (from..=k)
+                        .max_by_key(|&j| (idle[j], std::cmp::Reverse(j)))
+                        .unwrap_or(k);
+                    b.push(self.pending[at].anchor_ns().min(a.anchor_ns()));
+                }
+                b.dedup();
+                b
+            }
             _ => {
+                // GPU idle before every activity, and where the kernels are.
+                let idle = self.gpu_idle_before();
+                let kernels: Vec<usize> = self
+                    .pending
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, a)| a.kind == ActivityKind::Kernel)
+                    .map(|(k, _)| k)
+                    .collect();
+                // For kernel `i`: the activity launched since the kernel before it (the
+                // batch's copy, a read-back) that the GPU waited longest for, and that wait.
+                let entry = |i: usize| -> (u64, usize) {
+                    let from = if i == 0 { 0 } else { kernels[i - 1] + 1 };
+                    (from..=kernels[i])
+                        .map(|k| (idle[k], k))
+                        .max_by_key(|&(w, k)| (w, std::cmp::Reverse(k)))
+                        .unwrap_or((0, kernels[i]))
+                };
                 let names: Vec<u32> = self
                     .pending
                     .iter()
@@ -857,13 +964,22 @@ impl TraceAssembler {
                     .map(|a| a.name_id)
                     .collect();
                 match self.kernel_period(&names) {
-                    Some(p) => self
-                        .pending
-                        .iter()
-                        .filter(|a| a.kind == ActivityKind::Kernel)
-                        .step_by(p)
-                        .map(Activity::anchor_ns)
-                        .collect(),
+                    Some(p) => {
+                        // The iteration starts where the GPU waited longest for work in the
+                        // phase of the period (the step boundary: the loader, the loop).
+                        let phase = (0..p)
+                            .max_by_key(|&r| {
+                                let (sum, n) = (r.max(1)..kernels.len())
+                                    .step_by(p)
+                                    .fold((0u64, 0u64), |(s, n), i| (s + entry(i).0, n + 1));
+                                (sum / n.max(1), std::cmp::Reverse(r))
+                            })
+                            .unwrap_or(0);
+                        (phase..kernels.len())
+                            .step_by(p)
+                            .map(|i| self.pending[entry(i).1].anchor_ns())
+                            .collect()
+                    }
                     None => Vec::new(),
                 }
             }
@@ -906,7 +1022,10 @@ impl TraceAssembler {
         it
     }
 
-    /// One iteration from its activities, sorted by start.
+    /// One iteration from its activities, sorted by start, on the GPU's timeline (see
+    /// [`GpuTimeline`]): busy time on the critical path, GPU idle because nothing was queued
+    /// (the host was late) and idle while work was queued (a dependency), per operator and
+    /// for the iteration; queueing (work waiting behind earlier work) is never counted.
     fn summarise(
         &mut self,
         step: u64,
@@ -917,8 +1036,7 @@ impl TraceAssembler {
     ) -> Iteration {
         let mut busy = 0u64;
         let mut gaps = 0u64;
-        // The busy interval being merged, and where the GPU was last busy until.
-        let mut cur: Option<(u64, u64)> = None;
+        let mut waits = 0u64;
         let mut touched = std::mem::take(&mut self.touched);
         touched.clear();
         let mut lat: Vec<u64> = Vec::new();
@@ -926,7 +1044,9 @@ impl TraceAssembler {
         let (mut memory_ns, mut compute_ns, mut comm_ns, mut comm_kernels) =
             (0u64, 0u64, 0u64, 0u32);
         let mut by_device: [(u32, u64); 4] = [(u32::MAX, 0); 4];
-        let mut first_start = None;
+        // The idle time before the iteration's first activity, and where the GPU was free from
+        // then (the start of the iteration's period on the GPU).
+        let mut first: Option<(u64, u64)> = None;
         // Intervals of communication and of compute, for their overlap (buffers reused).
         let mut comm_iv = std::mem::take(&mut self.comm_iv);
         let mut compute_iv = std::mem::take(&mut self.compute_iv);
@@ -939,26 +1059,32 @@ impl TraceAssembler {
                 slot.0 = a.device;
                 slot.1 += d;
             }
-            if a.kind == ActivityKind::Event {
+            if a.kind == ActivityKind::Event || a.end_ns <= a.start_ns {
                 continue;
             }
-            // Launch gap: idle GPU time just before this activity.
-            let gap = match cur {
-                Some((_, ce)) if a.start_ns > ce => a.start_ns - ce,
-                _ => 0,
+            let Placed {
+                free,
+                critical,
+                late,
+                wait,
+                launch_latency,
+            } = self.timeline.place(a);
+            busy += critical;
+            let (late, wait) = if first.is_none() {
+                // The idle time before the iteration's first activity is the iteration's own
+                // (data loading, the host between steps), not its operator's.
+                let idle = match free {
+                    Some(_) => late + wait,
+                    // Nothing seen on this GPU before: from the iteration's host-side start.
+                    None => a.start_ns.saturating_sub(b),
+                };
+                first = Some((idle, free.unwrap_or(b)));
+                (0, 0)
+            } else {
+                gaps += late;
+                waits += wait;
+                (late, wait)
             };
-            if a.end_ns > a.start_ns {
-                first_start.get_or_insert(a.start_ns);
-                match cur {
-                    Some((cs, ce)) if a.start_ns <= ce => cur = Some((cs, ce.max(a.end_ns))),
-                    Some((cs, ce)) => {
-                        busy += ce - cs;
-                        gaps += a.start_ns - ce;
-                        cur = Some((a.start_ns, a.end_ns));
-                    }
-                    None => cur = Some((a.start_ns, a.end_ns)),
-                }
-            }
             let i = self.op_index(a) as usize;
             if i >= self.acc.len() {
                 self.acc.resize(i + 64, OpAcc::default());
@@ -968,15 +1094,16 @@ impl TraceAssembler {
                 touched.push(i as u32);
             }
             acc.gpu_ns += d;
+            acc.critical_ns += critical;
             acc.count += 1;
-            acc.gap_ns += gap;
+            acc.gap_ns += late;
+            acc.wait_ns += wait;
             acc.bytes += a.bytes;
             if let Some(o) = a.occupancy {
                 acc.occ_weighted += f64::from(o) * d as f64;
                 acc.occ_ns += d;
             }
-            if a.launch_ns != 0 && a.kind != ActivityKind::GraphKernel {
-                let l = a.start_ns.saturating_sub(a.launch_ns);
+            if let Some(l) = launch_latency.filter(|_| a.kind != ActivityKind::GraphKernel) {
                 lat.push(l);
                 acc.launch_sum += l;
                 acc.launch_count += 1;
@@ -1005,9 +1132,6 @@ impl TraceAssembler {
                 ActivityKind::Event => {}
             }
         }
-        if let Some((cs, ce)) = cur {
-            busy += ce - cs;
-        }
         let comm_overlap_ns = if comm_iv.is_empty() {
             0
         } else {
@@ -1031,9 +1155,11 @@ impl TraceAssembler {
                 op: label.clone(),
                 kind: *kind,
                 gpu_ns: acc.gpu_ns,
+                critical_ns: acc.critical_ns,
                 kernels: acc.count,
                 occupancy: (acc.occ_ns > 0).then(|| acc.occ_weighted / acc.occ_ns as f64),
                 gap_ns: acc.gap_ns,
+                wait_ns: acc.wait_ns,
                 launch_latency_ns: (acc.launch_count > 0)
                     .then(|| acc.launch_sum / u64::from(acc.launch_count)),
                 bytes: acc.bytes,
@@ -1044,12 +1170,23 @@ impl TraceAssembler {
         // The GPU span also counts CUDA events the script recorded on its streams.
         let span_start = acts.iter().map(|a| a.start_ns).min();
         let span_end = acts.iter().map(|a| a.end_ns).max();
+        let device = by_device
+            .iter()
+            .filter(|s| s.0 != u32::MAX)
+            .max_by_key(|s| (s.1, std::cmp::Reverse(s.0)))
+            .map(|s| s.0);
+        let (idle_before_first_ns, period_from) = first.unwrap_or((e.saturating_sub(b), b));
+        let gpu_end = device
+            .and_then(|d| self.timeline.free_at(d))
+            .or(span_end)
+            .unwrap_or(b);
         Iteration {
             step,
             marked,
             start_ns: b,
             end_ns: e,
             gpu_busy_ns: busy,
+            gpu_period_ns: gpu_end.saturating_sub(period_from),
             gpu_start_ns: span_start.unwrap_or(b),
             gpu_end_ns: span_end.unwrap_or(b),
             kernels,
@@ -1060,17 +1197,96 @@ impl TraceAssembler {
             comm_ns,
             comm_kernels,
             comm_overlap_ns,
-            idle_before_first_ns: first_start.unwrap_or(e).saturating_sub(b),
+            idle_before_first_ns,
             gaps_ns: gaps,
+            wait_ns: waits,
             launch_latencies_ns: lat,
             ops,
             occupancy: (occ.1 > 0).then(|| occ.0 / occ.1 as f64),
-            device: by_device
-                .iter()
-                .filter(|s| s.0 != u32::MAX)
-                .max_by_key(|s| (s.1, std::cmp::Reverse(s.0)))
-                .map(|s| s.0),
+            device,
             gpu: None,
+        }
+    }
+}
+
+/// How long after its launch an activity may start and still count as the one the GPU was
+/// waiting for (the driver's dispatch latency is 5–20 µs on an H200; an activity that starts
+/// later than this after its launch while the GPU sat idle was waiting on something else).
+pub const DISPATCH_NS: u64 = 50_000;
+
+/// Where one activity lands on its GPU's timeline.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Placed {
+    /// When the GPU was last busy before it (`None`: nothing seen on the device yet).
+    pub free: Option<u64>,
+    /// The part of it that extended the GPU's busy time: its share of the critical path, ns.
+    /// Work hidden behind other work (a collective under backward) has none.
+    pub critical: u64,
+    /// GPU idle before it because nothing was queued: it was launched after the GPU went
+    /// idle (the host was late), ns.
+    pub late: u64,
+    /// GPU idle before it although it was queued (a dependency on another stream, an event),
+    /// ns.
+    pub wait: u64,
+    /// Its launch latency (start − launch) when the GPU was waiting for it; `None` when it
+    /// queued behind earlier work (queueing is not latency) or its launch is unknown.
+    pub launch_latency: Option<u64>,
+}
+
+/// The GPU timeline of a process: per device, until when it was busy with the activities
+/// placed so far (in start order, across iterations). Placing an activity tells whether the
+/// GPU idled before it and why.
+#[derive(Clone, Debug, Default)]
+pub struct GpuTimeline {
+    /// (device, busy until), a few devices per process.
+    free: Vec<(u32, u64)>,
+}
+
+impl GpuTimeline {
+    /// Until when `device` was busy.
+    pub fn free_at(&self, device: u32) -> Option<u64> {
+        self.free.iter().find(|f| f.0 == device).map(|f| f.1)
+    }
+
+    /// Places `a` (activities come in start order).
+    pub fn place(&mut self, a: &Activity) -> Placed {
+        let slot = match self.free.iter().position(|f| f.0 == a.device) {
+            Some(k) => k,
+            None => {
+                self.free.push((a.device, 0));
+                self.free.len() - 1
+            }
+        };
+        let seen = self.free[slot].1 != 0;
+        let free = self.free[slot].1;
+        let idle = if seen {
+            a.start_ns.saturating_sub(free)
+        } else {
+            0
+        };
+        let critical = a.end_ns.saturating_sub(a.start_ns.max(free));
+        self.free[slot].1 = free.max(a.end_ns);
+        // Launched after the GPU went idle, or started within the dispatch latency of its
+        // launch: the GPU was waiting for this launch.
+        let waited_for_launch =
+            a.launch_ns == 0 || a.launch_ns >= free || a.start_ns <= a.launch_ns + DISPATCH_NS;
+        let (late, wait) = if idle == 0 {
+            (0, 0)
+        } else if waited_for_launch {
+            (idle, 0)
+        } else {
+            (0, idle)
+        };
+        // Launched while the GPU was idle (or first): its wait to start is launch latency.
+        // Launched behind earlier work: its wait is queueing, left out.
+        let launch_latency = (a.launch_ns != 0 && (!seen || a.launch_ns >= free))
+            .then(|| a.start_ns.saturating_sub(a.launch_ns));
+        Placed {
+            free: seen.then_some(free),
+            critical,
+            late,
+            wait,
+            launch_latency,
         }
     }
 }
@@ -1260,7 +1476,15 @@ mod tests {
         assert_eq!(i.gpu_busy_ns, 1_100);
         assert_eq!(i.gpu_span_ns(), 1_100);
         assert_eq!(i.idle_before_first_ns, 500);
-        assert_eq!(i.launch_latencies_ns, vec![400, 800]);
+        // The second kernel queued behind the first (launched at 1200, the GPU busy until
+        // 2100): queueing, not launch latency.
+        assert_eq!(i.launch_latencies_ns, vec![400]);
+        assert_eq!(
+            i.gpu_period_ns, 1_600,
+            "from the host start to the GPU's end"
+        );
+        let crit: u64 = i.ops.iter().map(|o| o.critical_ns).sum();
+        assert_eq!(crit, i.gpu_busy_ns);
         assert_eq!(i.ops.len(), 2);
         assert!(i.ops.iter().any(|o| &*o.op == "gelu" && o.gpu_ns == 600));
         assert!(i
@@ -1272,6 +1496,47 @@ mod tests {
         t.push(&AnyRecord::Step(step(1, 9_500, STEP_END)));
         let it = t.take_iterations(0, 0, true);
         assert_eq!((it[0].step, it[0].kernels), (1, 1));
+    }
+
+    /// The GPU timeline: a CPU running ahead queues work (no idle, no launch latency, however
+    /// long the queue); a launch after the GPU went idle is the host's lateness; idle while
+    /// work was queued is a dependency.
+    #[test]
+    fn the_timeline_separates_queueing_late_launches_and_dependencies() {
+        let act = |start: u64, dur: u64, launch: u64| Activity {
+            kind: ActivityKind::Kernel,
+            start_ns: start,
+            end_ns: start + dur,
+            launch_ns: launch,
+            bytes: 0,
+            name_id: 1,
+            op_id: 0,
+            graph_id: 0,
+            stream_id: 7,
+            mem_kind: 0,
+            occupancy: None,
+            device: 0,
+        };
+        let mut t = GpuTimeline::default();
+        // First activity: nothing known before it.
+        let p = t.place(&act(1_000, 100, 990));
+        assert_eq!((p.free, p.critical, p.late, p.wait), (None, 100, 0, 0));
+        // Launched 10 ms before it could run (CPU ahead): pure queueing.
+        let p = t.place(&act(1_100, 100, 50));
+        assert_eq!(
+            (p.critical, p.late, p.wait, p.launch_latency),
+            (100, 0, 0, None)
+        );
+        // Launched after the GPU went idle at 1200: idle 1200 → 1510 is the host's.
+        let p = t.place(&act(1_510, 100, 1_500));
+        assert_eq!((p.late, p.wait, p.launch_latency), (310, 0, Some(10)));
+        // Queued long before (at 1300) yet started 400 µs after the GPU was free: a dependency.
+        let p = t.place(&act(401_610, 100, 1_300));
+        assert_eq!((p.late, p.wait), (0, 400_000));
+        // Fully hidden behind the previous one: no critical-path time.
+        let p = t.place(&act(401_620, 50, 401_000));
+        assert_eq!((p.critical, p.late, p.wait), (0, 0, 0));
+        assert_eq!(t.free_at(0), Some(401_710));
     }
 
     #[test]

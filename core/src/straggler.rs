@@ -125,7 +125,7 @@ pub fn stragglers<R: Rank>(ranks: &[R]) -> Vec<RankView> {
             .iter()
             .map(|p| {
                 median_of(p.iterations(), |i| {
-                    i.wall_ns().saturating_sub(i.comm_ns) as f64 / 1e9
+                    i.step_ns().saturating_sub(i.comm_ns) as f64 / 1e9
                 })
             })
             .collect();

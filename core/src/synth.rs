@@ -104,6 +104,12 @@ pub struct JobSpec {
     pub hiccup_size: f64,
     /// Whether operators differ in cost (see [`JobSpec::op_weights`]); else all cost the same.
     pub weighted: bool,
+    /// Steps between host synchronisations (the loss read back): 1 syncs every step; more lets
+    /// the CPU run ahead of the GPU, bounded by [`JobSpec::queue_depth`].
+    pub sync_every: u64,
+    /// Launches the host may have outstanding before it blocks (the driver's launch queue, the
+    /// caching allocator waiting for a stream): how far a CPU that runs ahead gets.
+    pub queue_depth: usize,
 }
 
 impl JobSpec {
@@ -123,6 +129,10 @@ impl JobSpec {
             hiccup_rate: 0.01,
             hiccup_size: 0.12,
             weighted: true,
+            // Half the GPU-bound jobs read the loss back every ten steps only: their CPU runs
+            // ahead of the GPU, as real PyTorch jobs do, and queueing hides the host.
+            sync_every: if rng.unit() < 0.5 { 10 } else { 1 },
+            queue_depth: 100 + rng.below(300),
         }
     }
 
@@ -143,6 +153,8 @@ impl JobSpec {
             hiccup_rate: 0.01,
             hiccup_size: 0.12,
             weighted: false,
+            sync_every: 1,
+            queue_depth: 1024,
         }
     }
 
@@ -383,8 +395,9 @@ pub fn case(kind: &'static str, seed: u64) -> Case {
             extra_ns: (grow + allreduce_slack_ns(&spec).max(0.0)) as u64,
             retransmits: 20 + rng.below(200) as u64,
         },
+        // A CPU running ahead hides a slower loader up to its slack.
         "loader_starvation" => Fault::LoaderStarvation {
-            extra_ns: grow as u64,
+            extra_ns: (grow + host_slack_ns(&spec)) as u64,
         },
         "host_contention" => Fault::HostContention {
             total_ns: grow as u64,
@@ -423,6 +436,20 @@ fn allreduce_slack_ns(spec: &JobSpec) -> f64 {
     let w = spec.op_weights();
     let after = allreduce_launch_index(spec);
     w[after + 1..].iter().sum::<f64>() * unit - spec.allreduce_ns as f64
+}
+
+/// How much longer the GPU takes per step than the host when the CPU runs ahead (0 when the
+/// host syncs every step), ns: what a slower host hides.
+fn host_slack_ns(spec: &JobSpec) -> f64 {
+    if spec.sync_every <= 1 {
+        return 0.0;
+    }
+    let kernels = spec.compute_ops().len() * spec.kernels_per_op + 1;
+    let weight: f64 = spec.op_weights().iter().sum();
+    let copy = spec.batch_bytes as f64 / spec.copy_bytes_per_ns;
+    let gpu = weight * (spec.kernels_per_op as u64 * spec.kernel_ns) as f64 + copy;
+    let host = (kernels as u64 * spec.launch_cpu_ns + spec.loader_ns + spec.between_ns) as f64;
+    (gpu - host).max(0.0)
 }
 
 /// An iteration's length without noise or faults, ns (roughly: the slower of host and GPU).
@@ -472,6 +499,9 @@ struct Sim<'a> {
     comm: u64,
     /// Factor on every kernel's duration now (the GPU clock wanders a little).
     clock: f64,
+    /// End times of the GPU work launched and not yet waited for, oldest first (the bounded
+    /// queue a CPU running ahead fills).
+    queue: std::collections::VecDeque<u64>,
     sample: HostSample,
     next_sample: u64,
     corr: u32,
@@ -512,7 +542,19 @@ impl Sim<'_> {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The host blocks until the queue has room for one more launch.
+    fn queue_room(&mut self) {
+        while self.queue.front().is_some_and(|&e| e <= self.host) {
+            self.queue.pop_front();
+        }
+        while self.queue.len() >= self.case.spec.queue_depth.max(1) {
+            if let Some(e) = self.queue.pop_front() {
+                self.host = self.host.max(e);
+            }
+        }
+    }
+
+    #[expect(clippy::too_many_arguments, reason = "one kernel record's fields")]
     fn kernel(
         &mut self,
         name_id: u32,
@@ -522,20 +564,26 @@ impl Sim<'_> {
         registers: u32,
         stream: u32,
         runq: u64,
+        after_comm: bool,
     ) {
         let launch_cost = (self.case.spec.launch_cpu_ns as f64 * self.rng.jitter(0.05)) as u64;
+        self.queue_room();
         self.host_work(launch_cost, runq);
         let launch = self.host;
         let dur_ns = (dur_ns as f64 * self.clock) as u64;
-        // The all-reduce waits for the gradients: the compute kernels launched before it.
+        // The all-reduce waits for the gradients: the compute kernels launched before it; the
+        // optimizer waits for the all-reduce (`after_comm`).
         let (lane, after) = if stream == COMM_STREAM {
             (&mut self.comm, self.gpu)
+        } else if after_comm {
+            (&mut self.gpu, self.comm)
         } else {
             (&mut self.gpu, 0)
         };
         let start = (*lane).max(launch + 4_000).max(after);
         let end = start + dur_ns.max(1_000);
         *lane = end;
+        self.queue.push_back(end);
         self.corr += 1;
         let k = GpuKernelRecord {
             header: RecordHeader::of::<GpuKernelRecord>(),
@@ -576,6 +624,7 @@ pub fn generate(case: &Case) -> Trace {
         gpu: T0,
         comm: T0,
         clock: 1.0,
+        queue: std::collections::VecDeque::new(),
         sample: HostSample::default(),
         next_sample: T0,
         corr: 0,
@@ -652,9 +701,11 @@ pub fn generate(case: &Case) -> Trace {
         if let (true, Fault::SlowCopy { factor }) = (faulty, &case.fault) {
             copy *= factor;
         }
+        sim.queue_room();
         sim.host_work(spec.launch_cpu_ns, 0);
         let start = sim.gpu.max(sim.host + 4_000);
         sim.gpu = start + copy as u64;
+        sim.queue.push_back(sim.gpu);
         sim.corr += 1;
         let m = GpuMemRecord {
             header: RecordHeader::of::<GpuMemRecord>(),
@@ -709,7 +760,8 @@ pub fn generate(case: &Case) -> Trace {
                     }
                     Fault::LaunchGap { op, gap_ns } if *op == i => {
                         // Synchronise, then work on the host.
-                        sim.host = sim.host.max(sim.gpu);
+                        sim.host = sim.host.max(sim.gpu).max(sim.comm);
+                        sim.queue.clear();
                         let g = (*gap_ns as f64 * sim.rng.jitter(0.1)) as u64;
                         sim.host_work(g, 0);
                     }
@@ -731,14 +783,28 @@ pub fn generate(case: &Case) -> Trace {
                     regs,
                     7,
                     runq,
+                    i == ops.len() - 1,
                 );
             }
             if i == allreduce_after {
-                sim.kernel(ALLREDUCE_NAME_ID, 0, ar as u64, 512, 64, COMM_STREAM, 0);
+                sim.kernel(
+                    ALLREDUCE_NAME_ID,
+                    0,
+                    ar as u64,
+                    512,
+                    64,
+                    COMM_STREAM,
+                    0,
+                    false,
+                );
             }
         }
-        // The step ends with a sync (the loss read back), then the loop's own work.
-        sim.host = sim.host.max(sim.gpu).max(sim.comm);
+        // The step ends with the loss read back (a sync) every `sync_every` steps, then the
+        // loop's own work; in between, the CPU runs ahead.
+        if (step + 1) % spec.sync_every.max(1) == 0 {
+            sim.host = sim.host.max(sim.gpu).max(sim.comm);
+            sim.queue.clear();
+        }
         sim.push(&StepRecord {
             header: RecordHeader::of::<StepRecord>(),
             step,
@@ -748,7 +814,9 @@ pub fn generate(case: &Case) -> Trace {
         });
         let mut between = spec.between_ns;
         if sim.rng.unit() < spec.hiccup_rate {
-            between += (spec.hiccup_size * (sim.host - begin) as f64) as u64;
+            // A pause of the host's own (garbage collection): its length does not depend on
+            // how long the step waited for the GPU.
+            between += (spec.hiccup_size * estimate_iteration_ns(spec) as f64) as u64;
         }
         sim.host += between;
         step += 1;
@@ -814,7 +882,7 @@ pub fn test_spec() -> SloSpec {
 
 /// How long after an iteration's end the simulated agent waits for its records, ns (the
 /// shim's flush period, with room for the GPU running behind the host).
-pub const SIM_SETTLE_NS: u64 = 300_000_000;
+pub const SIM_SETTLE_NS: u64 = 1_000_000_000;
 
 /// When the agent would have a record: GPU activities once they ended, markers at once, names
 /// before the activities that use them.
@@ -928,7 +996,7 @@ mod tests {
             .all(|i| i.kernels as usize == per && i.memory_ops == 1));
         assert!(its.iter().all(|i| i.comm_kernels == 1 && i.comm_ns > 0));
         let est = estimate_iteration_ns(&c.spec) as f64;
-        let wall = its[10].wall_ns() as f64;
+        let wall = its[10].step_ns() as f64;
         assert!((wall / est - 1.0).abs() < 0.25, "{wall} vs {est}");
         // Host samples every 100 ms over the whole job.
         assert!(t.host.len() as u64 >= CASE_NS / HOST_PERIOD);
@@ -953,7 +1021,7 @@ mod tests {
             let c = case(kind, 3);
             let its = assemble(&generate(&c));
             let mean = |f: &dyn Fn(&&crate::gputrace::Iteration) -> bool| {
-                let v: Vec<f64> = its.iter().filter(f).map(|i| i.wall_ns() as f64).collect();
+                let v: Vec<f64> = its.iter().filter(f).map(|i| i.step_ns() as f64).collect();
                 v.iter().sum::<f64>() / v.len() as f64
             };
             let onset = T0 + c.onset_ns;

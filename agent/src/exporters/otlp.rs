@@ -800,7 +800,7 @@ impl OtlpExporter {
             {
                 proc.target
                     .iteration_seconds
-                    .record(it.wall_ns() as f64 / 1e9, &labels);
+                    .record(it.step_ns() as f64 / 1e9, &labels);
             }
             if let Some(last) = p.iterations.iter().map(|i| i.end_ns).max() {
                 proc.last_iteration_end_ns = proc.last_iteration_end_ns.max(last);

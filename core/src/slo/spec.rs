@@ -10,9 +10,10 @@ use crate::{gputrace::Iteration, roles::Role};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Metric {
-    /// Iteration wall time, ms.
+    /// Iteration time, ms: its period on the GPU timeline when it ran GPU work, else its
+    /// wall time ([`crate::gputrace::Iteration::step_ns`]).
     IterationTime,
-    /// Share of an iteration's wall time with the GPU busy, %.
+    /// Share of an iteration's period on the GPU timeline with the GPU busy, %.
     GpuUtilisation,
     /// GPU time of an iteration's communication kernels, ms.
     CommTime,
@@ -78,8 +79,10 @@ impl Metric {
     pub(super) fn of(self, it: &Iteration) -> f64 {
         let ms = |ns: u64| ns as f64 / 1e6;
         match self {
-            Self::IterationTime => ms(it.wall_ns()),
-            Self::GpuUtilisation => 100.0 * it.gpu_busy_ns as f64 / it.wall_ns().max(1) as f64,
+            Self::IterationTime => ms(it.step_ns()),
+            // Busy over the iteration's period on the GPU timeline (never above 100%; a CPU
+            // running ahead does not shift work into the wrong iteration's wall time).
+            Self::GpuUtilisation => 100.0 * it.gpu_busy_ratio(),
             Self::CommTime => ms(it.comm_ns),
             Self::HostWait => ms(it.idle_before_first_ns),
             Self::LaunchGaps => ms(it.gaps_ns),

@@ -140,7 +140,7 @@ pub struct IterationStats {
     pub count: usize,
     /// Whether their boundaries came from step markers (of the oldest).
     pub marked: bool,
-    /// Wall time, ns.
+    /// Iteration time ([`Iteration::step_ns`]), ns.
     pub wall_ns: Quantiles,
     /// Launch latency of every activity, ns (`None` without launch stamps).
     pub launch_latency_ns: Option<Quantiles>,
@@ -166,7 +166,7 @@ impl IterationStats {
     pub fn of(h: &IterationHistory) -> Option<Self> {
         let n = h.len();
         let first = h.first()?;
-        let walls = quantiles(h.iter().map(Iteration::wall_ns).collect())?;
+        let walls = quantiles(h.iter().map(Iteration::step_ns).collect())?;
         let launch = quantiles(
             h.iter()
                 .flat_map(|i| i.launch_latencies_ns.iter().copied())
@@ -176,10 +176,7 @@ impl IterationStats {
         for (k, (_, of)) in PHASES.iter().enumerate() {
             phases[k] = quantiles(h.iter().map(of).collect()).unwrap_or_default();
         }
-        let mut busy: Vec<f64> = h
-            .iter()
-            .map(|i| i.gpu_busy_ns as f64 / i.wall_ns().max(1) as f64)
-            .collect();
+        let mut busy: Vec<f64> = h.iter().map(Iteration::gpu_busy_ratio).collect();
         busy.sort_by(f64::total_cmp);
         let mut ops: BTreeMap<&str, OpSum<'_>> = BTreeMap::new();
         for i in h.iter() {
