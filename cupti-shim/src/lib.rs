@@ -16,7 +16,9 @@
 //! `cuptiFinalize` is never called; after `fork` the child's copy stays silent.
 //!
 //! The training script talks to the shim through the C functions `slo_probe_*` below (the
-//! `slo_probe` python package loads this library with ctypes).
+//! `slo_probe` python package loads this library with ctypes), declared for C in
+//! `include/slo_probe_shim.h`; `tests/c_header.rs` keeps the header, these functions, the python
+//! table and the test stub in step.
 //!
 //! Needs CUDA 13.0 / CUPTI 13 (driver 580+); builds without CUDA.
 

@@ -10,17 +10,10 @@ scripts need no ``if``.
 Needs Python >= 3.9 and nothing else; ``instrument`` takes a ``torch.nn.Module`` (hooks that
 still run when a forward raises need torch >= 2.1) and is the only function that touches torch.
 
-Shim ABI (C, version 1) -- every function is non-blocking except release/reacquire::
-
-    int32_t  slo_probe_shim_version(void);            // 1
-    void     slo_probe_step_begin(uint64_t step);     // iteration markers
-    void     slo_probe_step_end(uint64_t step);
-    uint32_t slo_probe_intern_op(const char *name);   // UTF-8, NUL-terminated; id > 0, 0 = failure
-    void     slo_probe_op_push(uint32_t id);          // per-thread operator stack: kernels launched
-    void     slo_probe_op_pop(void);                  //   by a thread go to its top op
-    int32_t  slo_probe_cupti_release(void);           // 0 = flushed and unsubscribed from CUPTI
-    int32_t  slo_probe_cupti_reacquire(void);         // 0 = subscribed again
-    uint32_t slo_probe_status(void);                  // bit flags, see STATUS_FLAGS
+Shim ABI (C, version 1): ``cupti-shim/include/slo_probe_shim.h`` declares every function with
+its C signature; ``_ABI`` and ``_OPTIONAL_ABI`` below are its ctypes form (a test of the shim's
+crate checks them against the header). Every function is non-blocking except release,
+reacquire and flush, which flush CUPTI.
 
 Finding the shim: ``SLO_PROBE_SHIM`` (any path; ``none`` turns this package into no-ops) wins
 over ``CUDA_INJECTION64_PATH``. The latter is used only when its file name starts with
@@ -69,14 +62,8 @@ STATUS_FLAGS: Dict[str, int] = {
 
 _U64_MAX = (1 << 64) - 1
 
-# Diagnostic functions the shim may lack (stubs, older shims): name -> (restype, argtypes).
-_OPTIONAL_ABI: Dict[str, Tuple[Any, List[Any]]] = {
-    "slo_probe_request_diagnostic": (None, [ctypes.c_uint32]),
-    "slo_probe_debug_counters": (ctypes.c_size_t, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]),
-}
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-# name -> (restype, argtypes, blocking). Blocking functions are called without the GIL.
+# name -> (restype, argtypes, blocking), as in cupti-shim/include/slo_probe_shim.h. Blocking
+# functions are called without the GIL.
 _ABI: Dict[str, Tuple[Any, List[Any], bool]] = {
     "slo_probe_shim_version": (ctypes.c_int32, [], False),
     "slo_probe_step_begin": (None, [ctypes.c_uint64], False),
@@ -88,6 +75,14 @@ _ABI: Dict[str, Tuple[Any, List[Any], bool]] = {
     "slo_probe_cupti_reacquire": (ctypes.c_int32, [], True),
     "slo_probe_status": (ctypes.c_uint32, [], False),
 }
+
+# Functions the shim may lack (the test stub, older shims), same form as _ABI.
+_OPTIONAL_ABI: Dict[str, Tuple[Any, List[Any], bool]] = {
+    "slo_probe_request_diagnostic": (None, [ctypes.c_uint32], False),
+    "slo_probe_debug_counters": (ctypes.c_size_t, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t], False),
+    "slo_probe_flush": (None, [], True),
+}
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 class _Shim:
@@ -105,17 +100,19 @@ class _Shim:
         "status",
         "request_diagnostic",
         "debug_counters",
+        "flush",
     )
 
     def __init__(self, lib: Any, gil_free: Any = None) -> None:
-        # Optional functions (diagnostics): absent in a stub or an older shim.
-        self.request_diagnostic = getattr(lib, "slo_probe_request_diagnostic", None)
-        self.debug_counters = getattr(lib, "slo_probe_debug_counters", None)
+        def fn(name: str, optional: bool = False) -> Any:
+            table = _OPTIONAL_ABI if optional else _ABI
+            src = gil_free if gil_free is not None and table[name][2] else lib
+            return getattr(src, name, None) if optional else getattr(src, name)
 
-        def fn(name: str) -> Callable[..., Any]:
-            f: Callable[..., Any] = getattr(gil_free if gil_free is not None and _ABI[name][2] else lib, name)
-            return f
-
+        # Optional functions: absent in a stub or an older shim.
+        self.request_diagnostic = fn("slo_probe_request_diagnostic", True)
+        self.debug_counters = fn("slo_probe_debug_counters", True)
+        self.flush = fn("slo_probe_flush", True)
         self.version = fn("slo_probe_shim_version")
         self.step_begin = fn("slo_probe_step_begin")
         self.step_end = fn("slo_probe_step_end")
@@ -153,8 +150,8 @@ def _load_shim(path: str) -> _Shim:
         f = getattr(gil_free if blocking else with_gil, name)
         f.restype = restype
         f.argtypes = argtypes
-    for name, (restype, argtypes) in _OPTIONAL_ABI.items():
-        f = getattr(with_gil, name, None)
+    for name, (restype, argtypes, blocking) in _OPTIONAL_ABI.items():
+        f = getattr(gil_free if blocking else with_gil, name, None)
         if f is not None:
             f.restype = restype
             f.argtypes = argtypes
