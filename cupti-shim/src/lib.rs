@@ -72,8 +72,11 @@ const BUFFER_POOL: usize = 8;
 /// Launch correlation slots (a power of two): more launches than this between a launch and
 /// the flush of its record overwrite the oldest.
 const CORR_SLOTS: usize = 1 << 16;
-/// Records other threads can queue between two flushes.
-const QUEUE_LEN: usize = 1 << 14;
+/// Records other threads can queue between two flushes (a CUDA-graph capture queues two per
+/// node: created, then cloned at instantiation).
+const QUEUE_LEN: usize = 1 << 16;
+/// Graph nodes whose capture-time operator the shim remembers (for node-level kernel records).
+const MAX_NODE_OPS: usize = 1 << 20;
 
 /// One launch stamp, written by the launching thread, read when its records arrive.
 struct CorrSlot {
@@ -89,11 +92,15 @@ enum Queued {
     OpName { id: u32, name: Box<str> },
 }
 
-/// The single producer of the ring (behind a mutex): the ring, kernel-name ids, a scratch
-/// buffer.
+/// The single producer of the ring (behind a mutex, taken by the buffer-completion and flush
+/// threads once per buffer or flush, never by a CUDA thread): the ring, kernel-name ids, graph
+/// node → capture-time operator, a scratch buffer.
 struct Writer {
     ring: Option<slo_probe_common::ring::Ring>,
     kernel_names: HashMap<usize, u32>,
+    /// Filled from the node records the resource callback queues (in queue order, so a node's
+    /// creation comes before its clones).
+    node_ops: HashMap<u64, u32>,
     scratch: Vec<u8>,
 }
 
@@ -120,6 +127,8 @@ struct Counters {
     buffers_completed: AtomicU64,
     queue_dropped: AtomicU64,
     other_records: AtomicU64,
+    /// Graph nodes not remembered because the node table was full.
+    node_ops_full: AtomicU64,
 }
 
 struct Shim {
@@ -132,11 +141,12 @@ struct Shim {
     writer: Mutex<Writer>,
     queue: ArrayQueue<Queued>,
     corr: Box<[CorrSlot]>,
-    node_ops: Mutex<HashMap<u64, u32>>,
     op_names: Mutex<HashMap<String, u32>>,
     next_name_id: AtomicU32,
     status: AtomicU64,
-    buffers: Mutex<Vec<Box<[u64]>>>,
+    /// Activity buffers for reuse: CUPTI asks for buffers on whatever thread needs one, a
+    /// CUDA thread included, so the pool is lock-free.
+    buffers: ArrayQueue<Box<[u64]>>,
     steps_ended: AtomicU64,
     /// Step count at which diagnostic mode ends (0: not in diagnostic mode by request).
     diag_until_step: AtomicU64,
@@ -254,15 +264,15 @@ fn shim() -> &'static Shim {
             writer: Mutex::new(Writer {
                 ring,
                 kernel_names: HashMap::new(),
+                node_ops: HashMap::new(),
                 scratch: vec![0u8; 16 + STRING_MAX + 8],
             }),
             queue: ArrayQueue::new(QUEUE_LEN),
             corr,
-            node_ops: Mutex::new(HashMap::new()),
             op_names: Mutex::new(HashMap::new()),
             next_name_id: AtomicU32::new(1),
             status: AtomicU64::new(0),
-            buffers: Mutex::new(Vec::new()),
+            buffers: ArrayQueue::new(BUFFER_POOL),
             steps_ended: AtomicU64::new(0),
             diag_until_step: AtomicU64::new(0),
             diag_request: AtomicU32::new(0),
@@ -302,12 +312,25 @@ impl Shim {
         }
     }
 
-    /// Moves queued records into the ring.
+    /// Moves queued records into the ring. Node records learn their operator here: a created
+    /// node carries the op of its capturing thread, a clone takes its original's.
     fn drain_queue(&self, w: &mut Writer) {
         while let Some(q) = self.queue.pop() {
             match q {
                 Queued::Step(r) => w.push(r.as_bytes()),
-                Queued::Node(r) => w.push(r.as_bytes()),
+                Queued::Node(mut r) => {
+                    if r.flags == NODE_CLONED {
+                        r.op_id = w.node_ops.get(&r.original_node_id).copied().unwrap_or(0);
+                    }
+                    if r.op_id != 0 {
+                        if w.node_ops.len() < MAX_NODE_OPS || w.node_ops.contains_key(&r.node_id) {
+                            w.node_ops.insert(r.node_id, r.op_id);
+                        } else {
+                            self.counters.node_ops_full.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    w.push(r.as_bytes());
+                }
                 Queued::OpName { id, name } => {
                     let n = StringRecord::encode(id, STRING_OP, name.as_bytes(), &mut w.scratch);
                     let (scratch, ring) = (&w.scratch, &w.ring);
@@ -466,11 +489,48 @@ impl Shim {
     }
 }
 
-impl activity::Context for (&Shim, &mut Writer) {
-    fn launch(&self, correlation_id: u32) -> (u64, u32, u32) {
-        let slot = &self.0.corr[correlation_id as usize & (CORR_SLOTS - 1)];
+/// Counts of one completed buffer, added to the shared counters once (no shared write per
+/// record).
+#[derive(Default)]
+struct Tally {
+    kernels: u64,
+    graphs: u64,
+    mems: u64,
+    others: u64,
+    corr_hits: u64,
+    corr_misses: u64,
+}
+
+impl Tally {
+    fn add_to(&self, c: &Counters) {
+        c.buffers_completed.fetch_add(1, Ordering::Relaxed);
+        for (counter, n) in [
+            (&c.kernel_records, self.kernels),
+            (&c.graph_records, self.graphs),
+            (&c.mem_records, self.mems),
+            (&c.other_records, self.others),
+            (&c.corr_hits, self.corr_hits),
+            (&c.corr_misses, self.corr_misses),
+        ] {
+            if n > 0 {
+                counter.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// What converting one buffer needs: the shim (launch stamps), the writer (names, node ops).
+struct BufferCtx<'a> {
+    shim: &'a Shim,
+    w: &'a mut Writer,
+    tally: Tally,
+}
+
+impl activity::Context for BufferCtx<'_> {
+    fn launch(&mut self, correlation_id: u32) -> (u64, u32, u32) {
+        let slot = &self.shim.corr[correlation_id as usize & (CORR_SLOTS - 1)];
         if slot.correlation.load(Ordering::Acquire) != correlation_id {
-            self.0.counters.corr_misses.fetch_add(1, Ordering::Relaxed);
+            self.tally.corr_misses += 1;
             return (0, 0, 0);
         }
         let r = (
@@ -480,10 +540,10 @@ impl activity::Context for (&Shim, &mut Writer) {
         );
         // Re-check: a newer launch may have reused the slot meanwhile.
         if slot.correlation.load(Ordering::Acquire) != correlation_id {
-            self.0.counters.corr_misses.fetch_add(1, Ordering::Relaxed);
+            self.tally.corr_misses += 1;
             return (0, 0, 0);
         }
-        self.0.counters.corr_hits.fetch_add(1, Ordering::Relaxed);
+        self.tally.corr_hits += 1;
         r
     }
 
@@ -492,27 +552,23 @@ impl activity::Context for (&Shim, &mut Writer) {
             return 0;
         }
         let key = name as usize;
-        if let Some(&id) = self.1.kernel_names.get(&key) {
+        if let Some(&id) = self.w.kernel_names.get(&key) {
             return id;
         }
-        let id = self.0.next_name_id.fetch_add(1, Ordering::Relaxed);
-        self.1.kernel_names.insert(key, id);
+        let id = self.shim.next_name_id.fetch_add(1, Ordering::Relaxed);
+        self.w.kernel_names.insert(key, id);
         // SAFETY: CUPTI kernel names are NUL-terminated strings owned by CUPTI for the life of
         // the process.
         let bytes = unsafe { CStr::from_ptr(name) }.to_bytes();
-        let n = StringRecord::encode(id, STRING_KERNEL, bytes, &mut self.1.scratch);
-        if let Some(r) = &self.1.ring {
-            r.push(&self.1.scratch[..n]);
+        let n = StringRecord::encode(id, STRING_KERNEL, bytes, &mut self.w.scratch);
+        if let Some(r) = &self.w.ring {
+            r.push(&self.w.scratch[..n]);
         }
         id
     }
 
     fn node_op(&self, graph_node_id: u64) -> Option<u32> {
-        self.0
-            .node_ops
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&graph_node_id).copied())
+        self.w.node_ops.get(&graph_node_id).copied()
     }
 }
 
@@ -596,22 +652,15 @@ fn resource_callback(s: &Shim, cbid: u32, data: *const c_void) {
             (api.cuptiGetGraphNodeId)(original, &mut original_id);
         }
     }
+    // No lock here (this is the capturing CUDA thread): a clone's operator is looked up when
+    // the flusher drains the queue (`drain_queue`).
     let op = if cbid == CBID_GRAPHNODE_CREATED {
         s.counters.nodes_created.fetch_add(1, Ordering::Relaxed);
         current_op()
     } else {
         s.counters.nodes_cloned.fetch_add(1, Ordering::Relaxed);
-        s.node_ops
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&original_id).copied())
-            .unwrap_or(0)
+        0
     };
-    if op != 0 {
-        if let Ok(mut m) = s.node_ops.lock() {
-            m.insert(node_id, op);
-        }
-    }
     s.push_queued(Queued::Node(GraphNodeRecord {
         header: RecordHeader::of::<GraphNodeRecord>(),
         node_id,
@@ -632,9 +681,7 @@ unsafe extern "C" fn buffer_requested(buf: *mut *mut u8, size: *mut usize, max: 
         let s = shim();
         let b = s
             .buffers
-            .lock()
-            .ok()
-            .and_then(|mut p| p.pop())
+            .pop()
             .unwrap_or_else(|| vec![0u64; BUFFER_BYTES / 8].into_boxed_slice());
         let len = b.len() * 8;
         // SAFETY: CUPTI's out pointers are valid; the buffer is 8-byte aligned and returned
@@ -648,7 +695,7 @@ unsafe extern "C" fn buffer_requested(buf: *mut *mut u8, size: *mut usize, max: 
 }
 
 unsafe extern "C" fn buffer_completed(
-    ctx: *mut c_void,
+    ctx_ptr: *mut c_void,
     stream_id: u32,
     buffer: *mut u8,
     size: usize,
@@ -666,69 +713,71 @@ unsafe extern "C" fn buffer_completed(
     };
     guard((), || {
         let s = shim();
-        if let (Some(api), Ok(mut w)) = (&s.api, s.writer.lock()) {
-            s.counters.buffers_completed.fetch_add(1, Ordering::Relaxed);
-            let diag = if s.status.load(Ordering::Relaxed) & STATUS_DIAGNOSTIC != 0 {
-                KERNEL_DIAGNOSTIC
-            } else {
-                0
-            };
-            let mut rec: *mut c_void = std::ptr::null_mut();
-            loop {
-                // SAFETY: iterating a completed buffer of `valid` bytes with CUPTI's API.
-                let r = unsafe { (api.cuptiActivityGetNextRecord)(buffer, valid, &mut rec) };
-                if r == CUPTI_ERROR_MAX_LIMIT_REACHED || r != CUPTI_SUCCESS {
-                    break;
-                }
-                let p = rec.cast::<u8>().cast_const();
-                let mut ctx2 = (s, &mut *w);
-                // SAFETY: `p` is a CUPTI record of the kind it declares.
-                unsafe {
-                    match activity::kind(p) {
-                        activity::KIND_CONCURRENT_KERNEL => {
-                            let k = activity::kernel(p, &mut ctx2, diag);
-                            s.counters.kernel_records.fetch_add(1, Ordering::Relaxed);
-                            w.push(k.as_bytes());
-                        }
-                        activity::KIND_GRAPH_TRACE => {
-                            let g = activity::graph(p, &mut ctx2);
-                            s.counters.graph_records.fetch_add(1, Ordering::Relaxed);
-                            w.push(g.as_bytes());
-                        }
-                        activity::KIND_MEMCPY => {
-                            let m = activity::memcpy(p, &mut ctx2);
-                            s.counters.mem_records.fetch_add(1, Ordering::Relaxed);
-                            w.push(m.as_bytes());
-                        }
-                        activity::KIND_MEMSET => {
-                            let m = activity::memset(p, &mut ctx2);
-                            s.counters.mem_records.fetch_add(1, Ordering::Relaxed);
-                            w.push(m.as_bytes());
-                        }
-                        _ => {
-                            s.counters.other_records.fetch_add(1, Ordering::Relaxed);
-                        }
+        let Some(api) = &s.api else { return };
+        let Ok(mut w) = s.writer.lock() else { return };
+        // Node records queued since the last flush first: kernels of this buffer may come from
+        // graphs whose nodes they describe.
+        s.drain_queue(&mut w);
+        let diag = if s.status.load(Ordering::Relaxed) & STATUS_DIAGNOSTIC != 0 {
+            KERNEL_DIAGNOSTIC
+        } else {
+            0
+        };
+        let mut ctx = BufferCtx {
+            shim: s,
+            w: &mut w,
+            tally: Tally::default(),
+        };
+        let mut rec: *mut c_void = std::ptr::null_mut();
+        loop {
+            // SAFETY: iterating a completed buffer of `valid` bytes with CUPTI's API.
+            let r = unsafe { (api.cuptiActivityGetNextRecord)(buffer, valid, &mut rec) };
+            if r == CUPTI_ERROR_MAX_LIMIT_REACHED || r != CUPTI_SUCCESS {
+                break;
+            }
+            let p = rec.cast::<u8>().cast_const();
+            // SAFETY: `p` is a CUPTI record of the kind it declares.
+            unsafe {
+                match activity::kind(p) {
+                    activity::KIND_CONCURRENT_KERNEL => {
+                        let k = activity::kernel(p, &mut ctx, diag);
+                        ctx.tally.kernels += 1;
+                        ctx.w.push(k.as_bytes());
                     }
+                    activity::KIND_GRAPH_TRACE => {
+                        let g = activity::graph(p, &mut ctx);
+                        ctx.tally.graphs += 1;
+                        ctx.w.push(g.as_bytes());
+                    }
+                    activity::KIND_MEMCPY => {
+                        let m = activity::memcpy(p, &mut ctx);
+                        ctx.tally.mems += 1;
+                        ctx.w.push(m.as_bytes());
+                    }
+                    activity::KIND_MEMSET => {
+                        let m = activity::memset(p, &mut ctx);
+                        ctx.tally.mems += 1;
+                        ctx.w.push(m.as_bytes());
+                    }
+                    _ => ctx.tally.others += 1,
                 }
             }
-            let mut dropped = 0usize;
-            // SAFETY: valid out pointer; ctx/stream as CUPTI gave them.
-            unsafe { (api.cuptiActivityGetNumDroppedRecords)(ctx, stream_id, &mut dropped) };
-            if dropped > 0 {
-                if let Some(t) = &s.transport {
-                    t.header
-                        .cupti_dropped
-                        .fetch_add(dropped as u64, Ordering::Relaxed);
-                }
+        }
+        ctx.tally.add_to(&s.counters);
+        let mut dropped = 0usize;
+        // SAFETY: valid out pointer; ctx/stream as CUPTI gave them.
+        unsafe { (api.cuptiActivityGetNumDroppedRecords)(ctx_ptr, stream_id, &mut dropped) };
+        if dropped > 0 {
+            if let Some(t) = &s.transport {
+                t.header
+                    .cupti_dropped
+                    .fetch_add(dropped as u64, Ordering::Relaxed);
             }
         }
     });
     if let Some(s) = SHIM.get() {
-        if let Ok(mut pool) = s.buffers.lock() {
-            if pool.len() < BUFFER_POOL {
-                pool.push(owned);
-            }
-        }
+        // A full pool drops the buffer (freed here).
+        let _ = s.buffers.push(owned);
     }
 }
 
@@ -962,7 +1011,8 @@ pub extern "C" fn slo_probe_request_diagnostic(steps: u32) {
 
 /// Copies up to `n` debug counters into `out` and returns how many exist: launches seen on the
 /// driver and runtime APIs, kernel records, correlation hits and misses, graph records, memory
-/// records, graph nodes created and cloned, buffers completed, queue drops, other records.
+/// records, graph nodes created and cloned, buffers completed, queue drops, other records,
+/// graph nodes not remembered (node table full).
 ///
 /// # Safety
 /// `out` must point to `n` writable u64s (or be null with `n` 0).
@@ -983,6 +1033,7 @@ pub unsafe extern "C" fn slo_probe_debug_counters(out: *mut u64, n: usize) -> us
             &c.buffers_completed,
             &c.queue_dropped,
             &c.other_records,
+            &c.node_ops_full,
         ];
         for (i, v) in all.iter().enumerate().take(n) {
             // SAFETY: per the contract, i < n.

@@ -224,7 +224,7 @@ def _request_diagnostic(steps: int) -> None:
 DEBUG_COUNTERS = (
     "launches_driver", "launches_runtime", "kernel_records", "corr_hits", "corr_misses",
     "graph_records", "mem_records", "nodes_created", "nodes_cloned", "buffers_completed",
-    "queue_dropped", "other_records",
+    "queue_dropped", "other_records", "node_ops_full",
 )
 
 
