@@ -24,6 +24,7 @@
 
 mod activity;
 mod api;
+mod error;
 mod transport;
 
 use std::{
@@ -41,6 +42,7 @@ use std::{
 
 use api::{Cupti, CUPTI_ERROR_MAX_LIMIT_REACHED, CUPTI_ERROR_MULTIPLE_SUBSCRIBERS, CUPTI_SUCCESS};
 use crossbeam_queue::ArrayQueue;
+use error::ShimError;
 use slo_probe_common::{
     gpu::{
         KERNEL_DIAGNOSTIC, NODE_CLONED, NODE_CREATED, STEP_BEGIN, STEP_END, STRING_KERNEL,
@@ -346,9 +348,9 @@ impl Shim {
     /// With `activity_only_ok` (taking CUPTI back from a tool that keeps its subscription, as
     /// torch.profiler does after it stops), a refused subscription still enables activity
     /// tracing, without launch stamps and operator context.
-    fn start_tracing(&self, activity_only_ok: bool) -> Result<(), String> {
+    fn start_tracing(&self, activity_only_ok: bool) -> Result<(), ShimError> {
         let Some(api) = &self.api else {
-            return Err("libcupti not available".into());
+            return Err(ShimError::Unavailable);
         };
         // SAFETY: CUPTI functions called with valid arguments; callbacks are `extern "C"`
         // functions that catch panics.
@@ -359,17 +361,12 @@ impl Shim {
             let activity_only = r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS && activity_only_ok;
             if r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS && !activity_only {
                 self.set_status(STATUS_LOST_RACE, true);
-                return Err(format!(
-                    "CUPTI already has a subscriber in this process (torch.profiler / Kineto, \
-                     Nsight, or another tool started first): GPU tracing is off for pid {}. \
-                     Start that tool inside `slo_probe.cupti_released()`, or let the shim \
-                     initialise first (it does at cuInit when injected with \
-                     CUDA_INJECTION64_PATH)",
-                    std::process::id()
-                ));
+                return Err(ShimError::LostRace {
+                    pid: std::process::id(),
+                });
             }
-            if r != CUPTI_SUCCESS && !activity_only {
-                return Err(format!("cuptiSubscribe failed: {}", api.describe(r)));
+            if !activity_only {
+                api.check(r, || "cuptiSubscribe".into())?;
             }
             if activity_only {
                 self.set_status(STATUS_LOST_RACE, true);
@@ -392,12 +389,7 @@ impl Shim {
                 }
             }
             let r = (api.cuptiActivityRegisterCallbacks)(buffer_requested, buffer_completed);
-            if r != CUPTI_SUCCESS {
-                return Err(format!(
-                    "cuptiActivityRegisterCallbacks failed: {}",
-                    api.describe(r)
-                ));
-            }
+            api.check(r, || "cuptiActivityRegisterCallbacks".into())?;
             let mut kinds = vec![
                 activity::KIND_CONCURRENT_KERNEL,
                 activity::KIND_MEMCPY,
@@ -408,12 +400,7 @@ impl Shim {
             }
             for k in kinds {
                 let r = (api.cuptiActivityEnable)(k);
-                if r != CUPTI_SUCCESS {
-                    return Err(format!(
-                        "cuptiActivityEnable({k}) failed: {}",
-                        api.describe(r)
-                    ));
-                }
+                api.check(r, || format!("cuptiActivityEnable({k})"))?;
             }
         }
         self.set_status(STATUS_DIAGNOSTIC, self.diag_always);
@@ -424,7 +411,7 @@ impl Shim {
     }
 
     /// Flushes and unsubscribes, leaving CUPTI to another tool.
-    fn stop_tracing(&self) -> Result<(), String> {
+    fn stop_tracing(&self) -> Result<(), ShimError> {
         let Some(api) = &self.api else {
             return Ok(());
         };
@@ -448,9 +435,7 @@ impl Shim {
                 (api.cuptiEnableDomain)(0, sub, DOMAIN_RUNTIME);
                 (api.cuptiEnableDomain)(0, sub, DOMAIN_RESOURCE);
                 let r = (api.cuptiUnsubscribe)(sub);
-                if r != CUPTI_SUCCESS {
-                    return Err(format!("cuptiUnsubscribe failed: {}", api.describe(r)));
-                }
+                api.check(r, || "cuptiUnsubscribe".into())?;
             }
         }
         if let Ok(mut w) = self.writer.lock() {
