@@ -39,10 +39,14 @@ void slo_probe_op_pop(void);
 int32_t slo_probe_cupti_release(void);
 /* Takes CUPTI back after slo_probe_cupti_release; 0 on success. Blocks. */
 int32_t slo_probe_cupti_reacquire(void);
-/* The shim's STATUS_* bits (common/src/ring.rs): 1 tracing, 2 connected, 4 lost race, 8 diagnostic, 16 released. */
+/* The shim's STATUS_* bits (common/src/ring.rs): 1 tracing, 2 connected, 4 lost race, 8 diagnostic, 16 released, 32 kernels. */
 uint32_t slo_probe_status(void);
 /* Asks for node-level CUDA-graph tracing (depth 2) during the next `steps` iterations. */
 void slo_probe_request_diagnostic(uint32_t steps);
+/* Asks for depth 0 timing / 1 kernels / 2 nodes for `steps` iterations (0: until the next request); 0 ok, -1 bad depth. */
+int32_t slo_probe_request_depth(uint32_t depth, uint32_t steps);
+/* Depth word: depth bits 0-7 (0xff off), reason 8-15, window 16-31, period 32-62, bit 63 = ms (ring.rs decode_shim_depth). */
+uint64_t slo_probe_depth(void);
 /* Copies up to `n` debug counters into `out`; returns how many exist. */
 size_t slo_probe_debug_counters(uint64_t *out, size_t n);
 /* Flushes CUPTI's buffers and the shim's queue into the ring (scripts and tests). Blocks. */

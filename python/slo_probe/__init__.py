@@ -37,12 +37,15 @@ from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, TypeVar, overload
 
 __all__ = [
+    "DEPTHS",
     "STATUS_FLAGS",
     "available",
     "cupti_reacquire",
     "cupti_released",
+    "depth",
     "instrument",
     "op",
+    "request_depth",
     "status",
     "step",
     "version",
@@ -58,7 +61,14 @@ STATUS_FLAGS: Dict[str, int] = {
     "lost_race": 4,  # another CUPTI subscriber (e.g. torch.profiler) was first
     "diagnostic": 8,  # node-level graph tracing (the agent asked for detail)
     "released": 16,  # CUPTI handed to another tool with cupti_released()
+    "kernels": 32,  # every kernel is traced now (depth 1 or 2: a sample window or a request)
 }
+
+#: Tracing depths, by number: 0 timing (steps, graph launches, memcpy; kernels only in sample
+#: windows), 1 kernels, 2 nodes (kernels, and CUDA-graph replays node by node).
+DEPTHS = ("timing", "kernels", "nodes")
+_REASONS = ("default", "sample", "agent", "script", "released")
+_DEPTH_OFF = 0xFF
 
 _U64_MAX = (1 << 64) - 1
 
@@ -81,6 +91,8 @@ _OPTIONAL_ABI: Dict[str, Tuple[Any, List[Any], bool]] = {
     "slo_probe_request_diagnostic": (None, [ctypes.c_uint32], False),
     "slo_probe_debug_counters": (ctypes.c_size_t, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t], False),
     "slo_probe_flush": (None, [], True),
+    "slo_probe_request_depth": (ctypes.c_int32, [ctypes.c_uint32, ctypes.c_uint32], False),
+    "slo_probe_depth": (ctypes.c_uint64, [], False),
 }
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -101,6 +113,8 @@ class _Shim:
         "request_diagnostic",
         "debug_counters",
         "flush",
+        "request_depth",
+        "depth",
     )
 
     def __init__(self, lib: Any, gil_free: Any = None) -> None:
@@ -113,6 +127,8 @@ class _Shim:
         self.request_diagnostic = fn("slo_probe_request_diagnostic", True)
         self.debug_counters = fn("slo_probe_debug_counters", True)
         self.flush = fn("slo_probe_flush", True)
+        self.request_depth = fn("slo_probe_request_depth", True)
+        self.depth = fn("slo_probe_depth", True)
         self.version = fn("slo_probe_shim_version")
         self.step_begin = fn("slo_probe_step_begin")
         self.step_end = fn("slo_probe_step_end")
@@ -224,7 +240,9 @@ def _request_diagnostic(steps: int) -> None:
 DEBUG_COUNTERS = (
     "launches_driver", "launches_runtime", "kernel_records", "corr_hits", "corr_misses",
     "graph_records", "mem_records", "nodes_created", "nodes_cloned", "buffers_completed",
-    "queue_dropped", "other_records", "node_ops_full",
+    "queue_dropped", "other_records", "node_ops_full", "graph_launches", "corr_hits_driver",
+    "corr_hits_runtime", "launch_domains", "depth_changes", "toggle_ns", "sample_windows",
+    "callback_ns", "sampled_steps",
 )
 
 
@@ -236,6 +254,53 @@ def _debug_counters() -> Optional[Dict[str, int]]:
     buf = (ctypes.c_uint64 * len(DEBUG_COUNTERS))()
     n = s.debug_counters(buf, len(DEBUG_COUNTERS))
     return {k: int(buf[i]) for i, k in enumerate(DEBUG_COUNTERS[: min(n, len(DEBUG_COUNTERS))])}
+
+
+def depth() -> Optional[Dict[str, Any]]:
+    """The shim's tracing depth and duty cycle, or None without a shim (or with one too old).
+
+    ``{"depth": 0, "name": "timing", "reason": "sample", "window": 5, "period": 120,
+    "unit": "steps"}``: the depth now (``name`` is one of DEPTHS, or "off" while CUPTI is
+    released), why (default, sample, agent, script, released), and the sampling duty cycle of
+    the always-on tier: kernels are traced for ``window`` out of every ``period`` steps (or ms
+    when ``unit`` is "ms": the script marks no steps); period 0 means no sampling.
+    """
+    s = _shim
+    if s is None or s.depth is None:
+        return None
+    w = int(s.depth())
+    d, r = w & 0xFF, (w >> 8) & 0xFF
+    return {
+        "depth": d,
+        "name": DEPTHS[d] if d < len(DEPTHS) else ("off" if d == _DEPTH_OFF else str(d)),
+        "reason": _REASONS[r] if r < len(_REASONS) else str(r),
+        "window": (w >> 16) & 0xFFFF,
+        "period": (w >> 32) & 0x7FFFFFFF,
+        "unit": "ms" if w >> 63 else "steps",
+    }
+
+
+def request_depth(level: Any, steps: int = 0) -> bool:
+    """Ask the shim for tracing depth ``level`` (0/"timing", 1/"kernels", 2/"nodes") during the
+    next ``steps`` iterations; 0 = until the next request. Level 0 withdraws the script's
+    request (the shim goes back to its own tier and sampling). The agent's requests are kept
+    apart: the shim runs at the higher of both. Returns True when the shim took the request,
+    False without a shim (or with one too old). Never blocks.
+    """
+    if isinstance(level, str):
+        if level not in DEPTHS:
+            raise ValueError(f"slo_probe.request_depth(): level {level!r} is not one of {DEPTHS}")
+        level = DEPTHS.index(level)
+    level = int(level)
+    if not 0 <= level < len(DEPTHS):
+        raise ValueError(f"slo_probe.request_depth(): level {level} is outside 0..{len(DEPTHS) - 1}")
+    steps = int(steps)
+    if not 0 <= steps < 1 << 24:
+        raise ValueError(f"slo_probe.request_depth(): steps {steps} is outside 0..2**24-1")
+    s = _shim
+    if s is None or s.request_depth is None:
+        return False
+    return int(s.request_depth(level, steps)) == 0
 
 
 def status() -> Dict[str, bool]:

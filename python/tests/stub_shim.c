@@ -48,6 +48,14 @@ int32_t slo_probe_cupti_reacquire(void) {
 }
 uint32_t slo_probe_status(void) { return status_bits; }
 void slo_probe_request_diagnostic(uint32_t steps) { say("diagnostic %u;", steps); }
+static uint64_t depth_word = 0x0000007800050100ull; /* depth 0, reason sample, window 5, period 120 */
+int32_t slo_probe_request_depth(uint32_t depth, uint32_t steps) {
+    say("depth %u %u;", depth, steps);
+    if (depth > 2) return -1;
+    depth_word = (depth_word & ~0xffffull) | depth | (depth ? 3u << 8 : 0); /* reason script */
+    return 0;
+}
+uint64_t slo_probe_depth(void) { return depth_word; }
 size_t slo_probe_debug_counters(uint64_t *out, size_t n) {
     for (size_t i = 0; i < n && i < 2; i++) out[i] = i + 1;
     return 2;

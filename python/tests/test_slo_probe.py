@@ -204,6 +204,8 @@ class NoOpTest(Base):
         with slo_probe.cupti_released():
             pass
         self.assertTrue(slo_probe.cupti_reacquire())
+        self.assertIsNone(slo_probe.depth())
+        self.assertFalse(slo_probe.request_depth("nodes", 5))
 
     def test_cheap_without_a_shim(self) -> None:
         # No per-call state: every op() is one shared do-nothing object, instrument() adds no
@@ -580,7 +582,7 @@ class CuptiReleasedTest(Base):
         self.assertEqual(self.shim.calls, [("release",), ("body",), ("reacquire",)])
 
     def test_status_flags(self) -> None:
-        self.shim.bits = 1 | 2 | 4 | 8 | 16 | 64
+        self.shim.bits = 1 | 2 | 4 | 8 | 16 | 32 | 64
         self.assertTrue(all(slo_probe.status().values()))
         self.shim.bits = 4
         self.assertEqual([k for k, v in slo_probe.status().items() if v], ["lost_race"])
@@ -649,6 +651,26 @@ class CompiledStubTest(Base):
         counters = slo_probe._debug_counters()
         assert counters is not None
         self.assertEqual(list(counters.values()), [1, 2])
+
+    def test_depth_reaches_the_library(self) -> None:
+        slo_probe._install(slo_probe._load_shim(self.paths[1]))
+        start = len(self.log())
+        self.assertEqual(
+            slo_probe.depth(),
+            {"depth": 0, "name": "timing", "reason": "sample", "window": 5, "period": 120, "unit": "steps"},
+        )
+        self.assertTrue(slo_probe.request_depth("kernels", 20))
+        self.assertTrue(slo_probe.request_depth(0))
+        self.assertTrue(slo_probe.request_depth(2, 3))
+        self.assertEqual(self.log()[start:], "depth 1 20;depth 0 0;depth 2 3;")
+        d = slo_probe.depth()
+        assert d is not None
+        self.assertEqual((d["depth"], d["name"], d["reason"]), (2, "nodes", "script"))
+        for bad in (3, -1, "deep"):
+            with self.assertRaises(ValueError):
+                slo_probe.request_depth(bad)
+        with self.assertRaises(ValueError):
+            slo_probe.request_depth(1, 1 << 24)
 
     def test_release_error_code_from_the_library(self) -> None:
         slo_probe._install(slo_probe._load_shim(self.paths[1]))
@@ -737,6 +759,12 @@ class RealShimTest(Base):
         counters = slo_probe._debug_counters()
         assert counters is not None
         self.assertEqual(set(counters), set(slo_probe.DEBUG_COUNTERS))
+        # The shim returns exactly as many counters as the package names.
+        self.assertEqual(int(shim.debug_counters(None, 0)), len(slo_probe.DEBUG_COUNTERS))
+        d = slo_probe.depth()
+        assert d is not None
+        self.assertEqual(set(d), {"depth", "name", "reason", "window", "period", "unit"})
+        self.assertTrue(slo_probe.request_depth("kernels", 3))
         shim.flush()
         rc_release = shim.release()
         rc_reacquire = shim.reacquire()
