@@ -356,12 +356,14 @@ impl Planner {
         }
     }
 
-    /// Forgets an open window (tracing stopped: CUPTI was handed to another tool); the next
-    /// one comes one period from now.
+    /// Forgets an open window (tracing stopped: CUPTI was handed to another tool). The next
+    /// window keeps its schedule; one that comes due meanwhile opens when tracing resumes.
     pub fn interrupted(&mut self, o: &Observed) {
         self.window = None;
         self.quiet_since = Some(*o);
-        self.schedule_next(o, None);
+        if self.next.is_none() {
+            self.schedule_next(o, None);
+        }
     }
 
     fn markers_live(&self, o: &Observed) -> bool {
@@ -488,9 +490,9 @@ impl Planner {
                     Some(Next::Ns(t)) => o.now_ns >= t,
                     None => false,
                 };
-                if due && requested > DEPTH_TIMING {
-                    self.schedule_next(o, None);
-                } else if due {
+                // A window that comes due while a request holds the depth waits for its end
+                // (the request traces kernels anyway), so that windows keep their average rate.
+                if due && requested == DEPTH_TIMING {
                     if let Some(q) = self.quiet_since {
                         let wall = o.now_ns.saturating_sub(q.now_ns);
                         if wall > 0 {
@@ -538,9 +540,10 @@ impl Planner {
             match (self.window, self.next) {
                 (Some(w), _) if w.millis => at_ns(w.at.now_ns + self.cfg.window_ms * MS),
                 (Some(w), _) => at_step(w.at.steps + self.cfg.window_steps + 1),
-                (None, Some(Next::Step(s))) => at_step(s),
-                (None, Some(Next::Ns(t))) => at_ns(t),
-                (None, None) => {}
+                // Due but held by a request: the request's end wakes the planner.
+                (None, Some(Next::Step(s))) if s > o.steps => at_step(s),
+                (None, Some(Next::Ns(t))) if t > o.now_ns => at_ns(t),
+                (None, _) => {}
             }
         }
         for r in [self.agent, self.script].into_iter().flatten() {
@@ -846,6 +849,34 @@ mod tests {
         let plan = p.plan(&job.o);
         assert_eq!((plan.depth, plan.reason), (DEPTH_KERNELS, Reason::Agent));
         assert_eq!(p.published().period, 0, "no window was measured");
+    }
+
+    #[test]
+    fn a_window_due_during_a_request_opens_when_it_ends() {
+        let cfg = Config {
+            every_steps: Some(50),
+            ..Config::default()
+        };
+        let mut job = Job::new(8 * MS, 400);
+        let mut p = Planner::new(cfg, job.o.now_ns);
+        run(&mut job, &mut p, 55);
+        // The script holds kernels from step 55 to 66; the window due at 60 waits.
+        p.request(
+            Reason::Script,
+            DEPTH_KERNELS,
+            DepthDuration::Steps(10),
+            &job.o,
+        );
+        let changes = run(&mut job, &mut p, 20);
+        let plan = p.plan(&job.o);
+        assert_eq!(plan.reason, Reason::Default, "{changes:?}");
+        assert_eq!(p.windows(), 2, "the deferred window opened");
+        // Released for a while: a window due meanwhile opens when tracing resumes.
+        p.interrupted(&job.o);
+        job.o.steps += 60;
+        job.o.now_ns += 60 * 8 * MS;
+        job.o.last_step_ns = job.o.now_ns;
+        assert_eq!(p.plan(&job.o).reason, Reason::Sample);
     }
 
     #[test]
