@@ -314,10 +314,9 @@ fn depth_control_loop_against_a_fake_cupti() {
     assert!(c.launches_seen > STEPS && c.callback_ns > 0, "{c:?}");
     assert!(h.depth_changes.load(Ordering::Relaxed) >= 10);
     let d = decode_shim_depth(line("depth").parse().expect("depth word"));
-    assert_eq!(
-        (d.depth, d.window, d.period, d.millis),
-        (DEPTH_TIMING, 3, 30, false)
-    );
+    // (The window due at step 130 may have opened as the loop ended.)
+    assert!(d.depth == DEPTH_TIMING || d.depth == DEPTH_KERNELS, "{d:?}");
+    assert_eq!((d.window, d.period, d.millis), (3, 30, false));
     // Kernel launches reached the shim only while kernels were traced.
     let delivered: u64 = line("delivered").parse().expect("count");
     assert!(
