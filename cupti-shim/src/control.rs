@@ -25,7 +25,7 @@ use crate::{
     api::Cupti,
     depth::{DomainChooser, Observed, Planner, Reason, DRIVER, RUNTIME},
     error::ShimError,
-    now_ns, say, Shim, DOMAIN_DRIVER, DOMAIN_RUNTIME,
+    now_ns, say, Queued, Shim, DOMAIN_DRIVER, DOMAIN_RUNTIME,
 };
 
 /// Driver kernel launches: cuLaunchKernel(_ptsz), cuLaunchKernelEx(_ptsz).
@@ -216,8 +216,11 @@ impl Shim {
             depth,
             reason,
         };
-        if let Ok(w) = self.writer.lock() {
-            w.push(r.as_bytes());
+        // Never waits for the writer: `InitializeInjection` stamps the first depth on the
+        // driver's thread; when the writer is busy the record goes through the queue.
+        match self.writer.try_lock() {
+            Ok(w) => w.push(r.as_bytes()),
+            Err(_) => self.push_queued(Queued::Depth(r)),
         }
         if self.log {
             say!("depth {depth} (reason {reason})");

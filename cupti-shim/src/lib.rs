@@ -107,6 +107,7 @@ struct CorrSlot {
 
 enum Queued {
     Step(StepRecord),
+    Depth(slo_probe_common::DepthRecord),
     Node(GraphNodeRecord),
     OpName { id: u32, name: Box<str> },
 }
@@ -398,6 +399,7 @@ impl Shim {
         while let Some(q) = self.queue.pop() {
             match q {
                 Queued::Step(r) => w.push(r.as_bytes()),
+                Queued::Depth(r) => w.push(r.as_bytes()),
                 Queued::Node(mut r) => {
                     if r.flags == NODE_CLONED {
                         r.op_id = w.node_ops.get(&r.original_node_id).copied().unwrap_or(0);
