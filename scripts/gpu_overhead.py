@@ -212,7 +212,9 @@ def block(job: Job, cond: str, steps: int, warm: int, wait_s: float) -> Dict[str
     return info
 
 
-def profiler_block(job: Job, steps: int, warm: int) -> Dict[str, Any]:
+def profiler_block(job: Job, steps: int, warm: int, count: bool) -> Dict[str, Any]:
+    """torch.profiler (CPU and CUDA activities, as users run it) for one block, CUPTI handed
+    over to it; with `count`, its CUDA events are counted (slow: only once per size)."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU]
@@ -222,8 +224,10 @@ def profiler_block(job: Job, steps: int, warm: int) -> Dict[str, Any]:
         with profile(activities=acts) as prof:
             run_steps(job, warm)
             r = run_steps(job, steps)
-    events = sum(1 for e in prof.events() if getattr(e.device_type, "name", "") == "CUDA")
-    return {"condition": "profiler", "step_s": r["step_s"], "steps": steps, "profiler_cuda_events": events}
+    b: Dict[str, Any] = {"condition": "profiler", "step_s": r["step_s"], "steps": steps + warm}
+    if count:
+        b["profiler_cuda_events"] = sum(1 for e in prof.events() if getattr(e.device_type, "name", "") == "CUDA")
+    return b
 
 
 def summary(xs: List[float]) -> Dict[str, float]:
@@ -256,7 +260,7 @@ def toggles(job: Job, cycles: int, around: int, wait_s: float, deadline: float) 
         steady0 += run_steps(job, around, per_step_sync=True)["per_step_s"]
         t = time.perf_counter()
         slo_probe.request_depth("kernels", 0)
-        ok = wait_depth(lambda d: 1 <= d["depth"] <= 2, wait_s)
+        ok = wait_depth(lambda d: 1 <= d["depth"] <= 2 and d["reason"] == "script", wait_s)
         apply_raise.append(time.perf_counter() - t if ok else float("nan"))
         s = run_steps(job, around, per_step_sync=True)["per_step_s"]
         first_after_raise.append(s[0])
@@ -367,11 +371,11 @@ def run_ab(args: argparse.Namespace, sizes: List[tuple]) -> int:
     for rec, job in done:
         prof: Dict[str, Any] = {"kind": "profiler", "label": rec["label"], "mode": args.mode, "blocks": []}
         try:
-            for _ in range(args.profiler_blocks if HAVE_TORCH else 0):
+            for i in range(args.profiler_blocks if HAVE_TORCH else 0):
                 if time.time() > args.deadline:
                     prof["skipped"] = "time budget"
                     break
-                prof["blocks"].append(profiler_block(job, args.block_steps, args.block_warm))
+                prof["blocks"].append(profiler_block(job, args.block_steps, args.block_warm, i == 0))
         except Exception as e:
             prof["error"] = repr(e)
             fail(rec["label"] + " profiler", e)
