@@ -296,7 +296,10 @@ impl Shim {
         let before = now_ns();
         if plan.depth != from.depth || domains != from.domains {
             if let Err(e) = self.switch(api, c, plan.depth, domains) {
-                say!("cannot switch to depth {}: {e}", plan.depth);
+                // Retried at every tick: said the first few times only.
+                if self.counters.switch_errors.fetch_add(1, Ordering::Relaxed) < 3 {
+                    say!("cannot switch to depth {}: {e}", plan.depth);
+                }
             }
         }
         let after = now_ns();

@@ -165,6 +165,8 @@ struct Counters {
     depth_changes: AtomicU64,
     /// Time the flusher spent switching CUPTI, ns.
     toggle_ns: AtomicU64,
+    /// Depth switches that failed (CUPTI refused a kind).
+    switch_errors: AtomicU64,
     /// Mirrors of the control state, for readers that must not take its lock.
     launch_domains: AtomicU64,
     sample_windows: AtomicU64,
