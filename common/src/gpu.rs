@@ -184,6 +184,53 @@ pub struct GraphNodeRecord {
 }
 const _: () = assert!(size_of::<GraphNodeRecord>() == 40);
 
+/// [`DepthRecord::depth`]: timing only. Step markers, CUDA-graph launches at graph level,
+/// memcpy and memset; no per-kernel records (eager kernels are not seen at all).
+pub const DEPTH_TIMING: u32 = 0;
+/// [`DepthRecord::depth`]: every kernel (`CONCURRENT_KERNEL` and launch callbacks); graph
+/// replays still at graph level.
+pub const DEPTH_KERNELS: u32 = 1;
+/// [`DepthRecord::depth`]: kernels and CUDA-graph replays node by node (graph-level records
+/// stop: the two exclude each other).
+pub const DEPTH_NODES: u32 = 2;
+/// [`DepthRecord::depth`]: nothing is traced (CUPTI handed to another tool, or lost).
+pub const DEPTH_OFF: u32 = 0xff;
+
+/// [`DepthRecord::reason`]: the shim's configured tier (`SLO_PROBE_DEPTH`, 0 unless set), no
+/// window or request active.
+pub const DEPTH_REASON_DEFAULT: u32 = 0;
+/// [`DepthRecord::reason`]: a duty-cycled sample window of the shim.
+pub const DEPTH_REASON_SAMPLE: u32 = 1;
+/// [`DepthRecord::reason`]: the agent asked (ring header control word).
+pub const DEPTH_REASON_AGENT: u32 = 2;
+/// [`DepthRecord::reason`]: the training script asked (`slo_probe.request_depth`).
+pub const DEPTH_REASON_SCRIPT: u32 = 3;
+/// [`DepthRecord::reason`]: CUPTI was handed to another tool (`slo_probe.cupti_released()`).
+pub const DEPTH_REASON_RELEASED: u32 = 4;
+
+/// The shim's tracing depth from `from_ns` until the next depth record: what the records of
+/// that interval can and cannot show. Written when tracing starts and at every change, so
+/// "no kernel records" between a [`DEPTH_TIMING`] record and the next one means "not sampled",
+/// not "no kernels".
+///
+/// A raise is stamped after CUPTI was switched (every launch after `from_ns` is traced), a
+/// lowering before (every launch before `from_ns` was): a step that began at or after a
+/// `DEPTH_KERNELS` record and ended before the next lower one was traced completely. Streams
+/// recorded before depth records existed have none: read them as [`DEPTH_KERNELS`] throughout.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DepthRecord {
+    /// `{ kind: Depth, version: 1, len: 24 }`.
+    pub header: RecordHeader,
+    /// When the depth took effect, CLOCK_MONOTONIC ns.
+    pub from_ns: u64,
+    /// [`DEPTH_TIMING`], [`DEPTH_KERNELS`], [`DEPTH_NODES`] or [`DEPTH_OFF`].
+    pub depth: u32,
+    /// `DEPTH_REASON_*`: why the shim is at this depth.
+    pub reason: u32,
+}
+const _: () = assert!(size_of::<DepthRecord>() == 24);
+
 /// [`StepRecord::phase`]: an iteration begins.
 pub const STEP_BEGIN: u32 = 1;
 /// [`StepRecord::phase`]: an iteration ends.
@@ -225,6 +272,7 @@ record!(GpuMemRecord, GpuMem);
 record!(GraphNodeRecord, GraphNode);
 record!(GpuEventRecord, GpuEvent);
 record!(StepRecord, Step);
+record!(DepthRecord, Depth);
 
 /// [`StringRecord`] kind: a kernel name.
 pub const STRING_KERNEL: u32 = 1;

@@ -13,7 +13,7 @@
 //! |---|---|---|
 //! | `0x0001..=0x00ff` | host scheduling and processes (eBPF) | [`RecordKind::RunqLatency`], [`RecordKind::ProcessEvent`] |
 //! | `0x0100..=0x01ff` | host network (eBPF) | [`RecordKind::TcpRetransmit`], [`RecordKind::ConnClosed`] |
-//! | `0x0200..=0x02ff` | GPU activity (CUPTI shim) | [`RecordKind::GpuKernel`], [`RecordKind::GpuGraph`], [`RecordKind::GpuMem`], [`RecordKind::GraphNode`], [`RecordKind::String`], [`RecordKind::GpuEvent`] |
+//! | `0x0200..=0x02ff` | GPU activity (CUPTI shim) | [`RecordKind::GpuKernel`], [`RecordKind::GpuGraph`], [`RecordKind::GpuMem`], [`RecordKind::GraphNode`], [`RecordKind::String`], [`RecordKind::GpuEvent`], [`RecordKind::Depth`] |
 //! | `0x0300..=0x03ff` | job markers (python client, shim) | [`RecordKind::Step`] |
 //!
 //! Kind 0 is padding in a shared-memory ring ([`ring`]); it is never a record.
@@ -34,8 +34,8 @@ pub mod ring;
 pub mod sched;
 
 pub use gpu::{
-    GpuEventRecord, GpuGraphRecord, GpuKernelRecord, GpuMemRecord, GraphNodeRecord, StepRecord,
-    StringRecord,
+    DepthRecord, GpuEventRecord, GpuGraphRecord, GpuKernelRecord, GpuMemRecord, GraphNodeRecord,
+    StepRecord, StringRecord,
 };
 pub use net::{
     ConnClosedRecord, ConnStats, NetTpOffsets, SockOffsets, TcpRetransmitRecord, TcpTuple,
@@ -95,6 +95,8 @@ pub enum RecordKind {
     String = 0x0204,
     /// [`GpuEventRecord`]: a CUDA event reached on the GPU.
     GpuEvent = 0x0205,
+    /// [`DepthRecord`]: the shim's tracing depth changed.
+    Depth = 0x0206,
     /// [`StepRecord`]: an iteration marker.
     Step = 0x0300,
 }
@@ -113,6 +115,7 @@ impl RecordKind {
             0x0203 => Some(Self::GraphNode),
             0x0204 => Some(Self::String),
             0x0205 => Some(Self::GpuEvent),
+            0x0206 => Some(Self::Depth),
             0x0300 => Some(Self::Step),
             _ => None,
         }
@@ -231,6 +234,8 @@ pub enum AnyRecord<'a> {
     String(StringRecord<'a>),
     /// See [`GpuEventRecord`].
     GpuEvent(GpuEventRecord),
+    /// See [`DepthRecord`].
+    Depth(DepthRecord),
     /// See [`StepRecord`].
     Step(StepRecord),
 }
@@ -305,6 +310,7 @@ pub fn decode(bytes: &[u8]) -> Result<(AnyRecord<'_>, usize), DecodeError> {
         Some(RecordKind::GraphNode) => fixed(bytes, AnyRecord::GraphNode),
         Some(RecordKind::Step) => fixed(bytes, AnyRecord::Step),
         Some(RecordKind::GpuEvent) => fixed(bytes, AnyRecord::GpuEvent),
+        Some(RecordKind::Depth) => fixed(bytes, AnyRecord::Depth),
         Some(RecordKind::String) => {
             StringRecord::decode(bytes).map(|(s, used)| (AnyRecord::String(s), used))
         }

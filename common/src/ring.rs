@@ -10,19 +10,62 @@
 //!   previous one stopped.
 //! - The consumer treats the memory as untrusted: every length is checked, a corrupt one makes
 //!   it skip to `head`, counted, and nothing is read outside the buffer.
+//!
+//! ## Tracing depth: the `control` and `depth` words
+//!
+//! The agent asks a shim for a tracing depth (`gpu::DEPTH_*`: 0 timing, 1 kernels, 2 graph
+//! nodes) by storing a request in [`RingHeader::control`] ([`encode_depth_request`]):
+//!
+//! ```text
+//!  63                 32 31  30..28 27..24 23                 0
+//! +--------------------+---+------+------+--------------------+
+//! |     generation     | U |  0   | depth|      duration      |
+//! +--------------------+---+------+------+--------------------+
+//! ```
+//! - generation (32 bits, never 0): the shim applies a request once, when the generation differs
+//!   from the last one it applied, and then echoes it in [`RingHeader::control_ack`].
+//! - U (bit 31): unit of the duration, 0 = steps (iterations the script marks), 1 = 100 ms. A
+//!   duration in steps for a process that marks no steps counts 100 ms per step.
+//! - depth (bits 24..27): the depth wanted, 0..=2. The shim runs at the highest of the agent's
+//!   request, the script's request, a sample window and its configured tier; a request for depth
+//!   0 withdraws the agent's request.
+//! - duration (24 bits): how long the request holds; 0 = until the next request.
+//!
+//! The shim publishes where it is in [`RingHeader::depth`] ([`decode_shim_depth`]):
+//!
+//! ```text
+//!  63 62                    32 31              16 15      8 7       0
+//! +--+------------------------+------------------+---------+---------+
+//! |M |   period (31 bits)     |  window (16 b)   | reason  |  depth  |
+//! +--+------------------------+------------------+---------+---------+
+//! ```
+//! - depth: the current depth (`gpu::DEPTH_*`, 0xff = off); reason: `gpu::DEPTH_REASON_*`.
+//! - window and period: the duty cycle of the always-on tier: kernels are traced for `window`
+//!   out of every `period` (both saturate; period 0 = no sampling). M (bit 63): their unit, 0 =
+//!   steps, 1 = milliseconds (a process that marks no steps is sampled by time).
+//!
+//! ## What the shim costs the job
+//!
+//! The shim counts its own time on the launching threads: [`RingHeader::callback_ns`] (time
+//! inside its CUPTI callbacks), [`RingHeader::launches_seen`], [`RingHeader::kernel_records`],
+//! [`RingHeader::sampled_steps`]. CUPTI's own work per kernel record (instrumenting the launch,
+//! filling the record) happens inside the driver, where the shim cannot time it: it is
+//! estimated as `kernel_records × record_cost_ns` ([`SHIM_COST_PER_KERNEL_RECORD_NS`] unless
+//! the shim was told otherwise). [`ShimCounters::estimated_cost_ns`] adds both; over an interval,
+//! its growth divided by the time the process spent in steps is the shim's share of step time.
 
 use core::{
-    mem::size_of,
+    mem::{offset_of, size_of},
     ptr,
-    sync::atomic::{AtomicU64, Ordering},
+    sync::atomic::{AtomicU32, AtomicU64, Ordering},
 };
 
 use crate::RecordHeader;
 
 /// `RingHeader::magic`.
 pub const RING_MAGIC: u64 = u64::from_le_bytes(*b"SLORING1");
-/// Layout version of the ring.
-pub const RING_VERSION: u32 = 1;
+/// Layout version of the ring (2: depth control, self-accounting counters).
+pub const RING_VERSION: u32 = 2;
 /// Bytes before the data area (one page).
 pub const RING_HEADER_LEN: usize = 4096;
 
@@ -36,6 +79,15 @@ pub const STATUS_LOST_RACE: u64 = 1 << 2;
 pub const STATUS_DIAGNOSTIC: u64 = 1 << 3;
 /// [`RingHeader::status`] bit: CUPTI was handed to another tool (`slo_probe.cupti_released()`).
 pub const STATUS_RELEASED: u64 = 1 << 4;
+/// [`RingHeader::status`] bit: kernels are traced now (depth 1 or 2).
+pub const STATUS_KERNELS: u64 = 1 << 5;
+
+/// Estimated time CUPTI itself spends on the launching thread per kernel record
+/// (`CONCURRENT_KERNEL` instrumentation), which the shim cannot measure: 1.5 µs, from the
+/// launch-loop measurements of shared/research/cupti.md §9 (3.5 µs → 4.9–5.3 µs per launch on
+/// an H200). To be calibrated with `scripts/gpu-overhead`; a shim started with
+/// `SLO_PROBE_RECORD_COST_NS` publishes its own figure in [`RingHeader::record_cost_ns`].
+pub const SHIM_COST_PER_KERNEL_RECORD_NS: u64 = 1_500;
 
 /// `ShimHello::magic`.
 pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"SLOHELO1");
@@ -114,9 +166,18 @@ pub struct RingHeader {
     pub capacity: u64,
     /// Process id of the producer.
     pub pid: u32,
-    /// Reserved, 0.
-    pub _r0: u32,
-    _pad0: [u64; 4],
+    /// API domains whose kernel-launch callbacks the shim uses now: 1 driver, 2 runtime.
+    pub launch_domains: AtomicU32,
+    /// Step end markers seen.
+    pub steps_seen: AtomicU64,
+    /// Depth changes made.
+    pub depth_changes: AtomicU64,
+    /// Time the shim spent switching CUPTI (enabling, disabling, flushing around it), ns, on
+    /// its own thread.
+    pub toggle_ns: AtomicU64,
+    /// CUPTI's estimated cost per kernel record that the shim assumes, ns
+    /// ([`SHIM_COST_PER_KERNEL_RECORD_NS`] unless configured).
+    pub record_cost_ns: AtomicU64,
     /// Bytes committed by the producer (monotonic). Producer-owned cache line.
     pub head: AtomicU64,
     /// Records committed.
@@ -133,15 +194,204 @@ pub struct RingHeader {
     /// Bytes the consumer skipped as corrupt.
     pub corrupt_bytes: AtomicU64,
     _pad2: [u64; 6],
-    /// Requests from the agent: diagnostic generation (high 32 bits) and the number of steps of
-    /// node-level tracing wanted (low 32 bits).
+    /// Depth requests from the agent ([`encode_depth_request`]; layout in the module docs).
     pub control: AtomicU64,
     /// The shim's state: `STATUS_*` bits.
     pub status: AtomicU64,
-    _pad3: [u64; 6],
+    /// The shim's depth and duty cycle ([`decode_shim_depth`]).
+    pub depth: AtomicU64,
+    /// Generation of the last agent request the shim applied (low 32 bits).
+    pub control_ack: AtomicU64,
+    /// Time spent inside the shim's callbacks on the launching threads, ns.
+    pub callback_ns: AtomicU64,
+    /// Launch callbacks taken (kernel and graph launches).
+    pub launches_seen: AtomicU64,
+    /// Kernel records CUPTI delivered.
+    pub kernel_records: AtomicU64,
+    /// Step end markers seen while kernels were traced (depth 1 or 2).
+    pub sampled_steps: AtomicU64,
 }
 const _: () = assert!(size_of::<RingHeader>() == 256);
 const _: () = assert!(size_of::<RingHeader>() <= RING_HEADER_LEN);
+// One cache line per writer: init and the shim's slow counters, the producer, the consumer, the
+// control words and the shim's accounting.
+const _: () = assert!(offset_of!(RingHeader, head) == 64);
+const _: () = assert!(offset_of!(RingHeader, tail) == 128);
+const _: () = assert!(offset_of!(RingHeader, control) == 192);
+
+/// How long a depth request holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DepthDuration {
+    /// Until the next request.
+    UntilNext,
+    /// For this many steps (1..2^24), or 100 ms per step for a process that marks none.
+    Steps(u32),
+    /// For this many 100 ms units (1..2^24).
+    Tenths(u32),
+}
+
+/// A depth request as the shim reads it from [`RingHeader::control`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DepthRequest {
+    /// Changes with every new request; never 0.
+    pub generation: u32,
+    /// `gpu::DEPTH_*` (0..=2).
+    pub depth: u32,
+    /// How long it holds.
+    pub duration: DepthDuration,
+}
+
+const DURATION_MAX: u32 = (1 << 24) - 1;
+const UNIT_TENTHS: u64 = 1 << 31;
+
+/// The control word asking for `depth` (clamped to 0..=2) for `duration` (clamped to 24 bits),
+/// as request `generation` (use [`next_generation`] of the current word).
+pub const fn encode_depth_request(generation: u32, depth: u32, duration: DepthDuration) -> u64 {
+    let depth = if depth > 2 { 2 } else { depth } as u64;
+    let (unit, n) = match duration {
+        DepthDuration::UntilNext => (0, 0),
+        DepthDuration::Steps(n) => (0, if n > DURATION_MAX { DURATION_MAX } else { n }),
+        DepthDuration::Tenths(n) => (UNIT_TENTHS, if n > DURATION_MAX { DURATION_MAX } else { n }),
+    };
+    ((generation as u64) << 32) | unit | (depth << 24) | n as u64
+}
+
+/// The generation after the one in control word `word` (skips 0, which means "no request").
+pub const fn next_generation(word: u64) -> u32 {
+    let g = ((word >> 32) as u32).wrapping_add(1);
+    if g == 0 {
+        1
+    } else {
+        g
+    }
+}
+
+/// The request in control word `word`; `None` when no request was ever made (generation 0).
+/// A depth above 2 reads as 2.
+pub const fn decode_depth_request(word: u64) -> Option<DepthRequest> {
+    let generation = (word >> 32) as u32;
+    if generation == 0 {
+        return None;
+    }
+    let depth = ((word >> 24) & 0xf) as u32;
+    let n = (word & DURATION_MAX as u64) as u32;
+    let duration = if n == 0 {
+        DepthDuration::UntilNext
+    } else if word & UNIT_TENTHS != 0 {
+        DepthDuration::Tenths(n)
+    } else {
+        DepthDuration::Steps(n)
+    };
+    Some(DepthRequest {
+        generation,
+        depth: if depth > 2 { 2 } else { depth },
+        duration,
+    })
+}
+
+/// The shim's depth and duty cycle, as published in [`RingHeader::depth`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ShimDepth {
+    /// `gpu::DEPTH_*` (0xff = off).
+    pub depth: u32,
+    /// `gpu::DEPTH_REASON_*`.
+    pub reason: u32,
+    /// Length of a sample window (steps, or ms when `millis`), saturating at 65535.
+    pub window: u32,
+    /// One window starts every `period` (steps, or ms when `millis`), saturating at 2^31 - 1;
+    /// 0 = no sampling.
+    pub period: u32,
+    /// `window` and `period` are in milliseconds (the process marks no steps), else steps.
+    pub millis: bool,
+}
+
+/// The word the shim stores in [`RingHeader::depth`] for `d`.
+pub const fn encode_shim_depth(d: ShimDepth) -> u64 {
+    let window = if d.window > 0xffff { 0xffff } else { d.window } as u64;
+    let period = if d.period > 0x7fff_ffff {
+        0x7fff_ffff
+    } else {
+        d.period
+    } as u64;
+    ((d.millis as u64) << 63)
+        | (period << 32)
+        | (window << 16)
+        | (((d.reason & 0xff) as u64) << 8)
+        | (d.depth & 0xff) as u64
+}
+
+/// The shim's depth and duty cycle from the word in [`RingHeader::depth`].
+pub const fn decode_shim_depth(word: u64) -> ShimDepth {
+    ShimDepth {
+        depth: (word & 0xff) as u32,
+        reason: ((word >> 8) & 0xff) as u32,
+        window: ((word >> 16) & 0xffff) as u32,
+        period: ((word >> 32) & 0x7fff_ffff) as u32,
+        millis: word >> 63 != 0,
+    }
+}
+
+/// The shim's self-accounting counters at one moment (cumulative since it started).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ShimCounters {
+    /// [`RingHeader::callback_ns`].
+    pub callback_ns: u64,
+    /// [`RingHeader::launches_seen`].
+    pub launches_seen: u64,
+    /// [`RingHeader::kernel_records`].
+    pub kernel_records: u64,
+    /// [`RingHeader::sampled_steps`].
+    pub sampled_steps: u64,
+    /// [`RingHeader::steps_seen`].
+    pub steps_seen: u64,
+    /// [`RingHeader::toggle_ns`].
+    pub toggle_ns: u64,
+    /// [`RingHeader::record_cost_ns`] (0 read as [`SHIM_COST_PER_KERNEL_RECORD_NS`]).
+    pub record_cost_ns: u64,
+}
+
+impl ShimCounters {
+    /// Estimated time the shim and CUPTI took from the launching threads, ns: the callbacks'
+    /// measured time plus the estimated CUPTI cost of every kernel record. (The flusher's
+    /// `toggle_ns` runs on the shim's own thread and is not included.)
+    pub const fn estimated_cost_ns(&self) -> u64 {
+        let per = if self.record_cost_ns == 0 {
+            SHIM_COST_PER_KERNEL_RECORD_NS
+        } else {
+            self.record_cost_ns
+        };
+        self.callback_ns
+            .saturating_add(self.kernel_records.saturating_mul(per))
+    }
+
+    /// The shim's share of `step_ns` (time the process spent in steps between `earlier` and
+    /// `self`), 0 when `step_ns` is 0.
+    pub fn share_of(&self, earlier: &ShimCounters, step_ns: u64) -> f64 {
+        if step_ns == 0 {
+            return 0.0;
+        }
+        let cost = self
+            .estimated_cost_ns()
+            .saturating_sub(earlier.estimated_cost_ns());
+        cost as f64 / step_ns as f64
+    }
+}
+
+impl RingHeader {
+    /// The shim's self-accounting counters now.
+    pub fn shim_counters(&self) -> ShimCounters {
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ShimCounters {
+            callback_ns: r(&self.callback_ns),
+            launches_seen: r(&self.launches_seen),
+            kernel_records: r(&self.kernel_records),
+            sampled_steps: r(&self.sampled_steps),
+            steps_seen: r(&self.steps_seen),
+            toggle_ns: r(&self.toggle_ns),
+            record_cost_ns: r(&self.record_cost_ns),
+        }
+    }
+}
 
 /// A ring over a mapped region. The caller guarantees the region is mapped for the ring's
 /// lifetime; the type only keeps pointers.
@@ -425,6 +675,128 @@ mod tests {
         // The ring keeps working.
         assert!(p.push(step(2).as_bytes()));
         assert_eq!(c.drain(&mut buf, |_| {}), 1);
+    }
+
+    #[test]
+    fn depth_requests_round_trip() {
+        for (depth, duration) in [
+            (2, DepthDuration::Steps(20)),
+            (1, DepthDuration::Tenths(50)),
+            (0, DepthDuration::UntilNext),
+            (1, DepthDuration::Steps(DURATION_MAX)),
+        ] {
+            let w = encode_depth_request(7, depth, duration);
+            assert_eq!(
+                decode_depth_request(w),
+                Some(DepthRequest {
+                    generation: 7,
+                    depth,
+                    duration
+                })
+            );
+        }
+        // The documented layout, bit for bit.
+        assert_eq!(
+            encode_depth_request(3, 2, DepthDuration::Tenths(10)),
+            (3 << 32) | (1 << 31) | (2 << 24) | 10
+        );
+        // Out-of-range values are clamped, never spill into other fields.
+        let w = encode_depth_request(1, 9, DepthDuration::Steps(u32::MAX));
+        assert_eq!(
+            decode_depth_request(w),
+            Some(DepthRequest {
+                generation: 1,
+                depth: 2,
+                duration: DepthDuration::Steps(DURATION_MAX)
+            })
+        );
+        // Tenths(0) and Steps(0) both mean "until the next request".
+        assert_eq!(
+            decode_depth_request(encode_depth_request(1, 1, DepthDuration::Tenths(0)))
+                .map(|r| r.duration),
+            Some(DepthDuration::UntilNext)
+        );
+        assert_eq!(decode_depth_request(0), None);
+        assert_eq!(decode_depth_request(u64::from(u32::MAX)), None);
+        assert_eq!(next_generation(0), 1);
+        assert_eq!(
+            next_generation(encode_depth_request(41, 1, DepthDuration::UntilNext)),
+            42
+        );
+        assert_eq!(next_generation(u64::MAX), 1);
+    }
+
+    #[test]
+    fn shim_depth_round_trips_and_saturates() {
+        let d = ShimDepth {
+            depth: 1,
+            reason: 1,
+            window: 5,
+            period: 120,
+            millis: false,
+        };
+        assert_eq!(decode_shim_depth(encode_shim_depth(d)), d);
+        let big = ShimDepth {
+            depth: crate::gpu::DEPTH_OFF,
+            reason: crate::gpu::DEPTH_REASON_RELEASED,
+            window: 1 << 20,
+            period: u32::MAX,
+            millis: true,
+        };
+        let got = decode_shim_depth(encode_shim_depth(big));
+        assert_eq!(
+            got,
+            ShimDepth {
+                window: 0xffff,
+                period: 0x7fff_ffff,
+                ..big
+            }
+        );
+        assert_eq!(encode_shim_depth(ShimDepth::default()), 0);
+    }
+
+    #[test]
+    fn shim_cost_estimate_and_share() {
+        let before = ShimCounters {
+            callback_ns: 1_000,
+            kernel_records: 10,
+            ..Default::default()
+        };
+        let after = ShimCounters {
+            callback_ns: 3_000,
+            kernel_records: 20,
+            record_cost_ns: 1_000,
+            ..Default::default()
+        };
+        assert_eq!(
+            before.estimated_cost_ns(),
+            1_000 + 10 * SHIM_COST_PER_KERNEL_RECORD_NS
+        );
+        assert_eq!(after.estimated_cost_ns(), 23_000);
+        let share = after.share_of(
+            &ShimCounters {
+                record_cost_ns: 1_000,
+                ..before
+            },
+            1_000_000,
+        );
+        assert!((share - 0.012).abs() < 1e-12, "{share}");
+        assert_eq!(after.share_of(&before, 0), 0.0);
+    }
+
+    #[test]
+    fn header_counters_are_read_back() {
+        let mut mem = region(RING_HEADER_LEN + 256);
+        let base = mem.as_mut_ptr().cast::<u8>();
+        // SAFETY: the Vec outlives the view.
+        let r = unsafe { Ring::init(base, mem.len() * 8, 7) }.expect("init");
+        let h = r.header();
+        h.callback_ns.store(5, Ordering::Relaxed);
+        h.kernel_records.store(2, Ordering::Relaxed);
+        h.record_cost_ns.store(100, Ordering::Relaxed);
+        let c = h.shim_counters();
+        assert_eq!((c.callback_ns, c.kernel_records), (5, 2));
+        assert_eq!(c.estimated_cost_ns(), 205);
     }
 
     #[test]

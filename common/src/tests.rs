@@ -305,3 +305,41 @@ fn gpu_records_and_strings_round_trip() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn depth_records_round_trip_and_are_checked() {
+    let d = DepthRecord {
+        header: RecordHeader::of::<DepthRecord>(),
+        from_ns: 1_000_000,
+        depth: gpu::DEPTH_KERNELS,
+        reason: gpu::DEPTH_REASON_SAMPLE,
+    };
+    assert_eq!(
+        (d.header.kind, d.header.len),
+        (RecordKind::Depth as u16, 24)
+    );
+    let mut buf = Vec::from(d.as_bytes());
+    let mut off = d;
+    off.depth = gpu::DEPTH_OFF;
+    off.reason = gpu::DEPTH_REASON_RELEASED;
+    buf.extend_from_slice(off.as_bytes());
+    let got: Vec<_> = RecordIter::new(&buf).collect();
+    assert_eq!(got, [Ok(AnyRecord::Depth(d)), Ok(AnyRecord::Depth(off))]);
+    // The decoder stays total: every cut and a wrong length are errors, never a panic.
+    for cut in 0..24 {
+        assert!(decode(&buf[..cut]).is_err(), "cut at {cut}");
+    }
+    let mut long = d;
+    long.header.len = 32;
+    let mut padded = Vec::from(long.as_bytes());
+    padded.extend_from_slice(&[0; 8]);
+    assert_eq!(
+        decode(&padded).unwrap_err(),
+        DecodeError::WrongLength {
+            kind: RecordKind::Depth as u16,
+            len: 32,
+            expected: 24
+        }
+    );
+    assert_eq!(RecordKind::from_raw(0x0206), Some(RecordKind::Depth));
+}

@@ -45,7 +45,7 @@ pub unsafe fn kind(rec: *const u8) -> u32 {
 /// and graph nodes.
 pub trait Context {
     /// `(launch_ns, op_id, launch_tid)` of the API call with this correlation id.
-    fn launch(&self, correlation_id: u32) -> (u64, u32, u32);
+    fn launch(&mut self, correlation_id: u32) -> (u64, u32, u32);
     /// The id of a kernel name (a CUPTI-owned string that lives as long as the process).
     fn kernel_name(&mut self, name: *const std::ffi::c_char) -> u32;
     /// The operator that created a graph node (capture time), if known.
@@ -190,7 +190,7 @@ mod tests {
 
     struct Fake;
     impl Context for Fake {
-        fn launch(&self, c: u32) -> (u64, u32, u32) {
+        fn launch(&mut self, c: u32) -> (u64, u32, u32) {
             (1000 + u64::from(c), 7, 42)
         }
         fn kernel_name(&mut self, _: *const std::ffi::c_char) -> u32 {

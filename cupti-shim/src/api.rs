@@ -8,6 +8,8 @@
 
 use std::ffi::{c_char, c_void, CStr};
 
+use crate::error::{CuptiStatus, ShimError};
+
 /// `CUptiResult` as a raw integer.
 pub type CuptiResult = u32;
 /// `CUPTI_SUCCESS`.
@@ -50,7 +52,7 @@ macro_rules! api {
             ///
             /// # Safety
             /// `handle` must be a live `dlopen` handle of libcupti 13.
-            unsafe fn resolve(handle: *mut c_void) -> Result<Self, String> {
+            unsafe fn resolve(handle: *mut c_void) -> Result<Self, ShimError> {
                 Ok(Self {
                     $(
                         $name: {
@@ -58,7 +60,7 @@ macro_rules! api {
                             // SAFETY: a NUL-terminated name and a live handle.
                             let p = unsafe { libc::dlsym(handle, sym.as_ptr().cast()) };
                             if p.is_null() {
-                                return Err(format!("libcupti has no {}", stringify!($name)));
+                                return Err(ShimError::MissingSymbol { symbol: stringify!($name) });
                             }
                             // SAFETY: the symbol is the C function with this signature (CUPTI 13
                             // headers).
@@ -92,7 +94,7 @@ api! {
 impl Cupti {
     /// Finds libcupti: the copy already loaded (`RTLD_NOLOAD`), else the first one the loader
     /// finds by soname.
-    pub fn load() -> Result<(Self, &'static str), String> {
+    pub fn load() -> Result<(Self, &'static str), ShimError> {
         for (name, flags) in [
             (c"libcupti.so.13", libc::RTLD_NOW | libc::RTLD_NOLOAD),
             (c"libcupti.so", libc::RTLD_NOW | libc::RTLD_NOLOAD),
@@ -110,19 +112,31 @@ impl Cupti {
                 return unsafe { Self::resolve(handle) }.map(|api| (api, how));
             }
         }
-        Err("libcupti.so.13 is neither loaded in the process nor on the library path".into())
+        Err(ShimError::NoLibcupti)
     }
 
-    /// The text of a CUPTI result code.
-    pub fn describe(&self, r: CuptiResult) -> String {
+    /// A CUPTI result code with its text.
+    pub fn describe(&self, r: CuptiResult) -> CuptiStatus {
         let mut p: *const c_char = std::ptr::null();
         // SAFETY: valid out pointer; CUPTI returns a static string.
-        if unsafe { (self.cuptiGetResultString)(r, &mut p) } == CUPTI_SUCCESS && !p.is_null() {
+        let text = (unsafe { (self.cuptiGetResultString)(r, &mut p) } == CUPTI_SUCCESS
+            && !p.is_null())
+        .then(|| {
             // SAFETY: a NUL-terminated static string from CUPTI.
-            let s = unsafe { CStr::from_ptr(p) }.to_string_lossy();
-            format!("{s} ({r})")
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        });
+        CuptiStatus { code: r, text }
+    }
+
+    /// `Ok` for `CUPTI_SUCCESS`, else the error of `call`.
+    pub fn check(&self, r: CuptiResult, call: impl FnOnce() -> String) -> Result<(), ShimError> {
+        if r == CUPTI_SUCCESS {
+            Ok(())
         } else {
-            format!("CUPTI error {r}")
+            Err(ShimError::Cupti {
+                call: call(),
+                status: self.describe(r),
+            })
         }
     }
 }

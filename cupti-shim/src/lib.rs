@@ -2,26 +2,45 @@
 //! `CUDA_INJECTION64_PATH=/path/to/libslo_probe_cupti.so`; the driver calls
 //! [`InitializeInjection`] once, during `cuInit`.
 //!
-//! Always-on mode traces CUDA graph launches at graph level (`GRAPH_TRACE`), eager kernels
-//! (`CONCURRENT_KERNEL`), memcpy and memset, with a callback on launch APIs that stamps the
-//! launch time and the operator context of the launching thread. Diagnostic mode (on request,
-//! for a number of steps) turns graph-level tracing off so that graph replays produce one record
-//! per kernel node, joined to the operator that captured the node. Every timestamp is
+//! Tracing depth ([`depth`], [`control`]) keeps the always-on cost within a budget (0.5% of
+//! step time by default) also on launch-bound jobs:
+//! - depth 0, *timing* (always on): step markers, CUDA-graph launches at graph level
+//!   (`GRAPH_TRACE`, with a callback on graph-launch ids only, for their launch time),
+//!   memcpy and memset (`SLO_PROBE_MEM_ACTIVITY=0` turns them off). No per-kernel activity and
+//!   no per-kernel launch callbacks, except in duty-cycled sample windows: every `period` steps
+//!   (or ms without step markers) the shim goes to depth 1 for `window` steps (or ms), with the
+//!   period set from the cost the shim measures on itself (`SLO_PROBE_SAMPLE_*` override it).
+//! - depth 1, *kernels*: `CONCURRENT_KERNEL` and kernel-launch callbacks (launch time, operator
+//!   context, thread) in the API domains that match kernel records (`SLO_PROBE_LAUNCH_DOMAIN`).
+//! - depth 2, *nodes*: depth 1 with graph-level tracing off, so that graph replays produce one
+//!   record per kernel node, joined to the operator that captured the node.
+//!
+//! The agent (ring header `control` word) and the script (`slo_probe_request_depth`) raise the
+//! depth for a while; `SLO_PROBE_DEPTH` sets the floor. Every change is stamped with a
+//! `DepthRecord`, so the agent can tell "not sampled" from "no kernels". Every timestamp is
 //! CLOCK_MONOTONIC (CUPTI's timestamp callback), the clock of the eBPF probes.
 //!
 //! Records go into a shared-memory ring ([`slo_probe_common::ring`]) that the agent maps after
 //! the shim registers over a Unix socket. Rules that keep the training job safe: no CUDA thread
 //! ever blocks on the shim (launch callbacks only write a lock-free table, other threads push
-//! into a lock-free queue, full means dropped and counted); every entry point catches panics;
-//! `cuptiFinalize` is never called; after `fork` the child's copy stays silent.
+//! into a lock-free queue, full means dropped and counted); CUPTI is switched from the flusher
+//! thread only; every entry point catches panics; `cuptiFinalize` is never called; after
+//! `fork` the child's copy stays silent. The shim times its own callbacks on the launching
+//! threads and publishes the totals in the ring header (CUPTI's own per-record work is not
+//! visible to it: see `SHIM_COST_PER_KERNEL_RECORD_NS`).
 //!
 //! The training script talks to the shim through the C functions `slo_probe_*` below (the
-//! `slo_probe` python package loads this library with ctypes).
+//! `slo_probe` python package loads this library with ctypes), declared for C in
+//! `include/slo_probe_shim.h`; `tests/c_header.rs` keeps the header, these functions, the python
+//! table and the test stub in step.
 //!
 //! Needs CUDA 13.0 / CUPTI 13 (driver 580+); builds without CUDA.
 
 mod activity;
 mod api;
+mod control;
+mod depth;
+mod error;
 mod transport;
 
 use std::{
@@ -34,17 +53,21 @@ use std::{
         atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering},
         Mutex, OnceLock,
     },
+    thread::Thread,
     time::Duration,
 };
 
 use api::{Cupti, CUPTI_ERROR_MAX_LIMIT_REACHED, CUPTI_ERROR_MULTIPLE_SUBSCRIBERS, CUPTI_SUCCESS};
+use control::{Applied, Control};
 use crossbeam_queue::ArrayQueue;
+use error::ShimError;
 use slo_probe_common::{
     gpu::{
-        KERNEL_DIAGNOSTIC, NODE_CLONED, NODE_CREATED, STEP_BEGIN, STEP_END, STRING_KERNEL,
-        STRING_MAX, STRING_OP,
+        DEPTH_NODES, DEPTH_OFF, DEPTH_REASON_DEFAULT, DEPTH_TIMING, KERNEL_DIAGNOSTIC, NODE_CLONED,
+        NODE_CREATED, STEP_BEGIN, STEP_END, STRING_KERNEL, STRING_MAX, STRING_OP,
     },
     ring::{
+        encode_depth_request, encode_shim_depth, next_generation, DepthDuration, ShimDepth,
         STATUS_CONNECTED, STATUS_DIAGNOSTIC, STATUS_LOST_RACE, STATUS_RELEASED, STATUS_TRACING,
     },
     GraphNodeRecord, Record, RecordHeader, StepRecord, StringRecord,
@@ -54,10 +77,6 @@ use transport::Transport;
 const DOMAIN_DRIVER: u32 = 1;
 const DOMAIN_RUNTIME: u32 = 2;
 const DOMAIN_RESOURCE: u32 = 3;
-/// Driver launch APIs: cuLaunchKernel(_ptsz), cuGraphLaunch(_ptsz), cuLaunchKernelEx(_ptsz).
-const DRIVER_LAUNCH_CBIDS: [u32; 6] = [307, 442, 514, 515, 652, 653];
-/// Runtime launch APIs: cudaLaunchKernel(_ptsz), cudaGraphLaunch(_ptsz), cudaLaunchKernelExC(_ptsz).
-const RUNTIME_LAUNCH_CBIDS: [u32; 6] = [211, 214, 311, 312, 430, 431];
 const CBID_GRAPHNODE_CREATED: u32 = 13;
 const CBID_GRAPHNODE_CLONED: u32 = 20;
 /// `CUPTI_ACTIVITY_FLAG_FLUSH_FORCED`.
@@ -70,8 +89,11 @@ const BUFFER_POOL: usize = 8;
 /// Launch correlation slots (a power of two): more launches than this between a launch and
 /// the flush of its record overwrite the oldest.
 const CORR_SLOTS: usize = 1 << 16;
-/// Records other threads can queue between two flushes.
-const QUEUE_LEN: usize = 1 << 14;
+/// Records other threads can queue between two flushes (a CUDA-graph capture queues two per
+/// node: created, then cloned at instantiation).
+const QUEUE_LEN: usize = 1 << 16;
+/// Graph nodes whose capture-time operator the shim remembers (for node-level kernel records).
+const MAX_NODE_OPS: usize = 1 << 20;
 
 /// One launch stamp, written by the launching thread, read when its records arrive.
 struct CorrSlot {
@@ -79,19 +101,26 @@ struct CorrSlot {
     launch_ns: AtomicU64,
     op: AtomicU32,
     tid: AtomicU32,
+    /// `DOMAIN_DRIVER` or `DOMAIN_RUNTIME`: which callback stamped it.
+    domain: AtomicU32,
 }
 
 enum Queued {
     Step(StepRecord),
+    Depth(slo_probe_common::DepthRecord),
     Node(GraphNodeRecord),
     OpName { id: u32, name: Box<str> },
 }
 
-/// The single producer of the ring (behind a mutex): the ring, kernel-name ids, a scratch
-/// buffer.
+/// The single producer of the ring (behind a mutex, taken by the buffer-completion and flush
+/// threads once per buffer or flush, never by a CUDA thread): the ring, kernel-name ids, graph
+/// node → capture-time operator, a scratch buffer.
 struct Writer {
     ring: Option<slo_probe_common::ring::Ring>,
     kernel_names: HashMap<usize, u32>,
+    /// Filled from the node records the resource callback queues (in queue order, so a node's
+    /// creation comes before its clones).
+    node_ops: HashMap<u64, u32>,
     scratch: Vec<u8>,
 }
 
@@ -103,11 +132,21 @@ impl Writer {
     }
 }
 
+/// Counters the launching threads write in every callback, on a cache line of their own.
+#[derive(Default)]
+#[repr(align(64))]
+struct Hot {
+    /// Time inside the shim's callbacks on launching threads, ns.
+    callback_ns: AtomicU64,
+    kernels_driver: AtomicU64,
+    kernels_runtime: AtomicU64,
+    graphs_driver: AtomicU64,
+    graphs_runtime: AtomicU64,
+}
+
 /// Debug counters, also exported through `slo_probe_debug_counters`.
 #[derive(Default)]
 struct Counters {
-    launches_driver: AtomicU64,
-    launches_runtime: AtomicU64,
     kernel_records: AtomicU64,
     corr_hits: AtomicU64,
     corr_misses: AtomicU64,
@@ -118,6 +157,20 @@ struct Counters {
     buffers_completed: AtomicU64,
     queue_dropped: AtomicU64,
     other_records: AtomicU64,
+    /// Graph nodes not remembered because the node table was full.
+    node_ops_full: AtomicU64,
+    /// Kernel records whose launch a driver-API (runtime-API) callback stamped.
+    corr_hits_driver: AtomicU64,
+    corr_hits_runtime: AtomicU64,
+    depth_changes: AtomicU64,
+    /// Time the flusher spent switching CUPTI, ns.
+    toggle_ns: AtomicU64,
+    /// Depth switches that failed (CUPTI refused a kind).
+    switch_errors: AtomicU64,
+    /// Mirrors of the control state, for readers that must not take its lock.
+    launch_domains: AtomicU64,
+    sample_windows: AtomicU64,
+    record_cost_ns: AtomicU64,
 }
 
 struct Shim {
@@ -130,20 +183,30 @@ struct Shim {
     writer: Mutex<Writer>,
     queue: ArrayQueue<Queued>,
     corr: Box<[CorrSlot]>,
-    node_ops: Mutex<HashMap<u64, u32>>,
     op_names: Mutex<HashMap<String, u32>>,
     next_name_id: AtomicU32,
     status: AtomicU64,
-    buffers: Mutex<Vec<Box<[u64]>>>,
+    /// Activity buffers for reuse: CUPTI asks for buffers on whatever thread needs one, a
+    /// CUDA thread included, so the pool is lock-free.
+    buffers: ArrayQueue<Box<[u64]>>,
+    hot: Hot,
     steps_ended: AtomicU64,
-    /// Step count at which diagnostic mode ends (0: not in diagnostic mode by request).
-    diag_until_step: AtomicU64,
-    /// Pending request from the script (steps), applied by the flusher.
-    diag_request: AtomicU32,
-    /// Last control generation seen from the agent.
-    control_generation: AtomicU32,
-    /// Diagnostic for the whole run (`SLO_PROBE_DIAGNOSTIC=1`).
-    diag_always: bool,
+    /// When the last step ended (CLOCK_MONOTONIC ns).
+    last_step_ns: AtomicU64,
+    /// Steps ended while kernels were traced.
+    sampled_steps: AtomicU64,
+    /// The depth CUPTI is at (`DEPTH_*`), for the step markers.
+    depth_now: AtomicU32,
+    /// The depth word ([`slo_probe_common::ring::decode_shim_depth`]), also in the header.
+    depth_word: AtomicU64,
+    /// A step marker that ends this many steps wakes the flusher (`u64::MAX`: none).
+    wake_at_step: AtomicU64,
+    /// The script's depth request, a control word (`encode_depth_request`).
+    script_request: AtomicU64,
+    /// Depth state: the flusher's and release/reacquire's, never a CUDA thread's.
+    control: Mutex<Control>,
+    /// MEMCPY and MEMSET activity on (`SLO_PROBE_MEM_ACTIVITY`, default 1).
+    mem_activity: bool,
     counters: Counters,
     log: bool,
 }
@@ -151,6 +214,8 @@ struct Shim {
 static SHIM: OnceLock<Shim> = OnceLock::new();
 static FORKED: AtomicBool = AtomicBool::new(false);
 static INJECTED: AtomicBool = AtomicBool::new(false);
+/// The flusher thread, unparked by step markers at window boundaries and by requests.
+static FLUSHER: OnceLock<Thread> = OnceLock::new();
 
 thread_local! {
     static OPS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
@@ -181,6 +246,14 @@ macro_rules! say {
     ($($arg:tt)*) => {
         eprintln!("slo-probe shim (pid {}): {}", std::process::id(), format!($($arg)*))
     };
+}
+pub(crate) use say;
+
+/// Wakes the flusher (a futex wake: never blocks).
+fn wake_flusher() {
+    if let Some(t) = FLUSHER.get() {
+        t.unpark();
+    }
 }
 
 /// Runs an FFI entry point: nothing happens after a fork in the child, and a panic never
@@ -235,14 +308,23 @@ fn shim() -> &'static Shim {
                 (None, 0)
             }
         };
+        let (cfg, bad) = depth::Config::from_env(|k| std::env::var(k).ok());
+        for (k, v) in bad {
+            say!("{k}={v} is not valid; using the default");
+        }
         let corr = (0..CORR_SLOTS)
             .map(|_| CorrSlot {
                 correlation: AtomicU32::new(0),
                 launch_ns: AtomicU64::new(0),
                 op: AtomicU32::new(0),
                 tid: AtomicU32::new(0),
+                domain: AtomicU32::new(0),
             })
             .collect();
+        let off = encode_shim_depth(ShimDepth {
+            depth: DEPTH_OFF,
+            ..ShimDepth::default()
+        });
         let s = Shim {
             api,
             cupti_version,
@@ -252,28 +334,41 @@ fn shim() -> &'static Shim {
             writer: Mutex::new(Writer {
                 ring,
                 kernel_names: HashMap::new(),
+                node_ops: HashMap::new(),
                 scratch: vec![0u8; 16 + STRING_MAX + 8],
             }),
             queue: ArrayQueue::new(QUEUE_LEN),
             corr,
-            node_ops: Mutex::new(HashMap::new()),
             op_names: Mutex::new(HashMap::new()),
             next_name_id: AtomicU32::new(1),
             status: AtomicU64::new(0),
-            buffers: Mutex::new(Vec::new()),
+            buffers: ArrayQueue::new(BUFFER_POOL),
+            hot: Hot::default(),
             steps_ended: AtomicU64::new(0),
-            diag_until_step: AtomicU64::new(0),
-            diag_request: AtomicU32::new(0),
-            control_generation: AtomicU32::new(0),
-            diag_always: env_flag("SLO_PROBE_DIAGNOSTIC"),
+            last_step_ns: AtomicU64::new(0),
+            sampled_steps: AtomicU64::new(0),
+            depth_now: AtomicU32::new(DEPTH_OFF),
+            depth_word: AtomicU64::new(off),
+            wake_at_step: AtomicU64::new(u64::MAX),
+            script_request: AtomicU64::new(0),
+            control: Mutex::new(Control::new(depth::Planner::new(cfg, now_ns()))),
+            mem_activity: std::env::var("SLO_PROBE_MEM_ACTIVITY").map_or(true, |v| v != "0"),
             counters: Counters::default(),
             log,
         };
-        if let Err(e) = std::thread::Builder::new()
+        if let Some(t) = &s.transport {
+            t.header.depth.store(off, Ordering::Relaxed);
+        }
+        match std::thread::Builder::new()
             .name("slo-probe-flush".into())
             .spawn(flusher)
         {
-            say!("cannot start the flush thread ({e}); records stay in CUPTI buffers");
+            Ok(h) => {
+                let _ = FLUSHER.set(h.thread().clone());
+            }
+            Err(e) => {
+                say!("cannot start the flush thread ({e}); records stay in CUPTI buffers");
+            }
         }
         s
     })
@@ -300,12 +395,26 @@ impl Shim {
         }
     }
 
-    /// Moves queued records into the ring.
+    /// Moves queued records into the ring. Node records learn their operator here: a created
+    /// node carries the op of its capturing thread, a clone takes its original's.
     fn drain_queue(&self, w: &mut Writer) {
         while let Some(q) = self.queue.pop() {
             match q {
                 Queued::Step(r) => w.push(r.as_bytes()),
-                Queued::Node(r) => w.push(r.as_bytes()),
+                Queued::Depth(r) => w.push(r.as_bytes()),
+                Queued::Node(mut r) => {
+                    if r.flags == NODE_CLONED {
+                        r.op_id = w.node_ops.get(&r.original_node_id).copied().unwrap_or(0);
+                    }
+                    if r.op_id != 0 {
+                        if w.node_ops.len() < MAX_NODE_OPS || w.node_ops.contains_key(&r.node_id) {
+                            w.node_ops.insert(r.node_id, r.op_id);
+                        } else {
+                            self.counters.node_ops_full.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    w.push(r.as_bytes());
+                }
                 Queued::OpName { id, name } => {
                     let n = StringRecord::encode(id, STRING_OP, name.as_bytes(), &mut w.scratch);
                     let (scratch, ring) = (&w.scratch, &w.ring);
@@ -317,13 +426,14 @@ impl Shim {
         }
     }
 
-    /// Sets up CUPTI: timestamps, subscription, launch and resource callbacks, activity kinds.
-    /// With `activity_only_ok` (taking CUPTI back from a tool that keeps its subscription, as
+    /// Sets up CUPTI at depth 0 (timestamps, subscription, graph-launch and resource
+    /// callbacks, graph-level and memory activity), then moves to the depth wanted now. With
+    /// `activity_only_ok` (taking CUPTI back from a tool that keeps its subscription, as
     /// torch.profiler does after it stops), a refused subscription still enables activity
     /// tracing, without launch stamps and operator context.
-    fn start_tracing(&self, activity_only_ok: bool) -> Result<(), String> {
+    fn start_tracing(&self, c: &mut Control, activity_only_ok: bool) -> Result<(), ShimError> {
         let Some(api) = &self.api else {
-            return Err("libcupti not available".into());
+            return Err(ShimError::Unavailable);
         };
         // SAFETY: CUPTI functions called with valid arguments; callbacks are `extern "C"`
         // functions that catch panics.
@@ -334,17 +444,9 @@ impl Shim {
             let activity_only = r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS && activity_only_ok;
             if r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS && !activity_only {
                 self.set_status(STATUS_LOST_RACE, true);
-                return Err(format!(
-                    "CUPTI already has a subscriber in this process (torch.profiler / Kineto, \
-                     Nsight, or another tool started first): GPU tracing is off for pid {}. \
-                     Start that tool inside `slo_probe.cupti_released()`, or let the shim \
-                     initialise first (it does at cuInit when injected with \
-                     CUDA_INJECTION64_PATH)",
-                    std::process::id()
-                ));
-            }
-            if r != CUPTI_SUCCESS && !activity_only {
-                return Err(format!("cuptiSubscribe failed: {}", api.describe(r)));
+                return Err(ShimError::LostRace {
+                    pid: std::process::id(),
+                });
             }
             if activity_only {
                 self.set_status(STATUS_LOST_RACE, true);
@@ -354,12 +456,15 @@ impl Shim {
                      operator context"
                 );
             } else {
+                api.check(r, || "cuptiSubscribe".into())?;
                 self.set_status(STATUS_LOST_RACE, false);
                 self.subscriber.store(sub, Ordering::Release);
-                for cbid in DRIVER_LAUNCH_CBIDS {
+                // Graph launches always (one callback per replay); kernel launches only at
+                // depth 1 and 2 (`control::Shim::switch`).
+                for cbid in control::DRIVER_GRAPH_CBIDS {
                     (api.cuptiEnableCallback)(1, sub, DOMAIN_DRIVER, cbid);
                 }
-                for cbid in RUNTIME_LAUNCH_CBIDS {
+                for cbid in control::RUNTIME_GRAPH_CBIDS {
                     (api.cuptiEnableCallback)(1, sub, DOMAIN_RUNTIME, cbid);
                 }
                 for cbid in [CBID_GRAPHNODE_CREATED, CBID_GRAPHNODE_CLONED] {
@@ -367,39 +472,35 @@ impl Shim {
                 }
             }
             let r = (api.cuptiActivityRegisterCallbacks)(buffer_requested, buffer_completed);
-            if r != CUPTI_SUCCESS {
-                return Err(format!(
-                    "cuptiActivityRegisterCallbacks failed: {}",
-                    api.describe(r)
-                ));
-            }
-            let mut kinds = vec![
-                activity::KIND_CONCURRENT_KERNEL,
-                activity::KIND_MEMCPY,
-                activity::KIND_MEMSET,
-            ];
-            if !self.diag_always {
-                kinds.push(activity::KIND_GRAPH_TRACE);
+            api.check(r, || "cuptiActivityRegisterCallbacks".into())?;
+            let mut kinds = vec![activity::KIND_GRAPH_TRACE];
+            if self.mem_activity {
+                kinds.extend([activity::KIND_MEMCPY, activity::KIND_MEMSET]);
             }
             for k in kinds {
                 let r = (api.cuptiActivityEnable)(k);
-                if r != CUPTI_SUCCESS {
-                    return Err(format!(
-                        "cuptiActivityEnable({k}) failed: {}",
-                        api.describe(r)
-                    ));
-                }
+                api.check(r, || format!("cuptiActivityEnable({k})"))?;
             }
         }
-        self.set_status(STATUS_DIAGNOSTIC, self.diag_always);
         self.set_status(STATUS_TRACING, true);
         self.set_status(STATUS_RELEASED, false);
+        self.set_status(STATUS_DIAGNOSTIC, false);
         self.activity_on.store(true, Ordering::Release);
+        c.applied = Applied {
+            depth: DEPTH_TIMING,
+            reason: DEPTH_REASON_DEFAULT,
+            domains: 0,
+        };
+        let o = self.observe();
+        self.record_depth(o.now_ns, DEPTH_TIMING, DEPTH_REASON_DEFAULT);
+        self.apply_plan(api, c, &o);
+        self.publish(c);
+        wake_flusher();
         Ok(())
     }
 
     /// Flushes and unsubscribes, leaving CUPTI to another tool.
-    fn stop_tracing(&self) -> Result<(), String> {
+    fn stop_tracing(&self, c: &mut Control) -> Result<(), ShimError> {
         let Some(api) = &self.api else {
             return Ok(());
         };
@@ -408,7 +509,7 @@ impl Shim {
         }
         let sub = self.subscriber.swap(std::ptr::null_mut(), Ordering::AcqRel);
         // SAFETY: valid CUPTI calls; the subscriber, when there is one, is ours.
-        unsafe {
+        let r = unsafe {
             (api.cuptiActivityFlushAll)(FLUSH_FORCED);
             for k in [
                 activity::KIND_CONCURRENT_KERNEL,
@@ -418,57 +519,80 @@ impl Shim {
             ] {
                 (api.cuptiActivityDisable)(k);
             }
-            if !sub.is_null() {
+            if sub.is_null() {
+                Ok(())
+            } else {
                 (api.cuptiEnableDomain)(0, sub, DOMAIN_DRIVER);
                 (api.cuptiEnableDomain)(0, sub, DOMAIN_RUNTIME);
                 (api.cuptiEnableDomain)(0, sub, DOMAIN_RESOURCE);
                 let r = (api.cuptiUnsubscribe)(sub);
-                if r != CUPTI_SUCCESS {
-                    return Err(format!("cuptiUnsubscribe failed: {}", api.describe(r)));
-                }
+                api.check(r, || "cuptiUnsubscribe".into())
             }
-        }
+        };
         if let Ok(mut w) = self.writer.lock() {
             self.drain_queue(&mut w);
         }
         self.set_status(STATUS_TRACING, false);
         self.set_status(STATUS_RELEASED, true);
-        Ok(())
+        self.stopped(c);
+        r
     }
 
     /// Whether activity tracing is on (with or without a subscription).
     fn tracing(&self) -> bool {
         self.activity_on.load(Ordering::Acquire)
     }
+}
 
-    /// Node-level graph tracing on (`on`) or off: graph-level tracing and node-level kernel
-    /// records exclude each other, so this toggles `GRAPH_TRACE`.
-    fn set_diagnostic(&self, on: bool) {
-        let Some(api) = &self.api else { return };
-        if !self.tracing() {
-            return;
-        }
-        // SAFETY: valid CUPTI calls.
-        unsafe {
-            (api.cuptiActivityFlushAll)(0);
-            if on {
-                (api.cuptiActivityDisable)(activity::KIND_GRAPH_TRACE);
-            } else {
-                (api.cuptiActivityEnable)(activity::KIND_GRAPH_TRACE);
+/// Counts of one completed buffer, added to the shared counters once (no shared write per
+/// record).
+#[derive(Default)]
+struct Tally {
+    kernels: u64,
+    graphs: u64,
+    mems: u64,
+    others: u64,
+    corr_hits: u64,
+    corr_misses: u64,
+    kernel_hits_driver: u64,
+    kernel_hits_runtime: u64,
+}
+
+impl Tally {
+    fn add_to(&self, c: &Counters) {
+        c.buffers_completed.fetch_add(1, Ordering::Relaxed);
+        for (counter, n) in [
+            (&c.kernel_records, self.kernels),
+            (&c.graph_records, self.graphs),
+            (&c.mem_records, self.mems),
+            (&c.other_records, self.others),
+            (&c.corr_hits, self.corr_hits),
+            (&c.corr_misses, self.corr_misses),
+            (&c.corr_hits_driver, self.kernel_hits_driver),
+            (&c.corr_hits_runtime, self.kernel_hits_runtime),
+        ] {
+            if n > 0 {
+                counter.fetch_add(n, Ordering::Relaxed);
             }
-        }
-        self.set_status(STATUS_DIAGNOSTIC, on);
-        if self.log {
-            say!("node-level graph tracing {}", if on { "on" } else { "off" });
         }
     }
 }
 
-impl activity::Context for (&Shim, &mut Writer) {
-    fn launch(&self, correlation_id: u32) -> (u64, u32, u32) {
-        let slot = &self.0.corr[correlation_id as usize & (CORR_SLOTS - 1)];
+/// What converting one buffer needs: the shim (launch stamps), the writer (names, node ops).
+struct BufferCtx<'a> {
+    shim: &'a Shim,
+    w: &'a mut Writer,
+    tally: Tally,
+    /// The record being converted is a kernel (its hits are counted per launch domain, which
+    /// is how `SLO_PROBE_LAUNCH_DOMAIN=auto` chooses).
+    kernel: bool,
+}
+
+impl activity::Context for BufferCtx<'_> {
+    fn launch(&mut self, correlation_id: u32) -> (u64, u32, u32) {
+        let slot = &self.shim.corr[correlation_id as usize & (CORR_SLOTS - 1)];
         if slot.correlation.load(Ordering::Acquire) != correlation_id {
-            self.0.counters.corr_misses.fetch_add(1, Ordering::Relaxed);
+            self.tally.corr_misses += 1;
             return (0, 0, 0);
         }
         let r = (
@@ -476,12 +600,20 @@ impl activity::Context for (&Shim, &mut Writer) {
             slot.op.load(Ordering::Relaxed),
             slot.tid.load(Ordering::Relaxed),
         );
+        let domain = slot.domain.load(Ordering::Relaxed);
         // Re-check: a newer launch may have reused the slot meanwhile.
         if slot.correlation.load(Ordering::Acquire) != correlation_id {
-            self.0.counters.corr_misses.fetch_add(1, Ordering::Relaxed);
+            self.tally.corr_misses += 1;
             return (0, 0, 0);
         }
-        self.0.counters.corr_hits.fetch_add(1, Ordering::Relaxed);
+        self.tally.corr_hits += 1;
+        if self.kernel {
+            match domain {
+                DOMAIN_DRIVER => self.tally.kernel_hits_driver += 1,
+                DOMAIN_RUNTIME => self.tally.kernel_hits_runtime += 1,
+                _ => {}
+            }
+        }
         r
     }
 
@@ -490,27 +622,23 @@ impl activity::Context for (&Shim, &mut Writer) {
             return 0;
         }
         let key = name as usize;
-        if let Some(&id) = self.1.kernel_names.get(&key) {
+        if let Some(&id) = self.w.kernel_names.get(&key) {
             return id;
         }
-        let id = self.0.next_name_id.fetch_add(1, Ordering::Relaxed);
-        self.1.kernel_names.insert(key, id);
+        let id = self.shim.next_name_id.fetch_add(1, Ordering::Relaxed);
+        self.w.kernel_names.insert(key, id);
         // SAFETY: CUPTI kernel names are NUL-terminated strings owned by CUPTI for the life of
         // the process.
         let bytes = unsafe { CStr::from_ptr(name) }.to_bytes();
-        let n = StringRecord::encode(id, STRING_KERNEL, bytes, &mut self.1.scratch);
-        if let Some(r) = &self.1.ring {
-            r.push(&self.1.scratch[..n]);
+        let n = StringRecord::encode(id, STRING_KERNEL, bytes, &mut self.w.scratch);
+        if let Some(r) = &self.w.ring {
+            r.push(&self.w.scratch[..n]);
         }
         id
     }
 
     fn node_op(&self, graph_node_id: u64) -> Option<u32> {
-        self.0
-            .node_ops
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&graph_node_id).copied())
+        self.w.node_ops.get(&graph_node_id).copied()
     }
 }
 
@@ -522,41 +650,54 @@ unsafe extern "C" fn on_callback(_ud: *mut c_void, domain: u32, cbid: u32, data:
     guard((), || {
         let Some(s) = SHIM.get() else { return };
         match domain {
-            DOMAIN_DRIVER | DOMAIN_RUNTIME => {
-                use cudarc::cupti::sys::CUpti_CallbackData as Cb;
-                // SAFETY: for API domains CUPTI passes a CUpti_CallbackData; fields are read at
-                // the bindings' offsets as raw integers.
-                let (site, corr) = unsafe {
-                    let p = data.cast::<u8>();
-                    (
-                        std::ptr::read_unaligned(
-                            p.add(std::mem::offset_of!(Cb, callbackSite)).cast::<u32>(),
-                        ),
-                        std::ptr::read_unaligned(
-                            p.add(std::mem::offset_of!(Cb, correlationId)).cast::<u32>(),
-                        ),
-                    )
-                };
-                if site != 0 {
-                    return; // exit site: nothing to do
-                }
-                if domain == DOMAIN_DRIVER {
-                    s.counters.launches_driver.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    s.counters.launches_runtime.fetch_add(1, Ordering::Relaxed);
-                }
-                let slot = &s.corr[corr as usize & (CORR_SLOTS - 1)];
-                // Invalidate, fill, publish: a reader that sees `corr` sees these fields.
-                slot.correlation.store(0, Ordering::Relaxed);
-                slot.launch_ns.store(now_ns(), Ordering::Relaxed);
-                slot.op.store(current_op(), Ordering::Relaxed);
-                slot.tid.store(tid(), Ordering::Relaxed);
-                slot.correlation.store(corr, Ordering::Release);
+            DOMAIN_DRIVER | DOMAIN_RUNTIME => launch_callback(s, domain, cbid, data),
+            DOMAIN_RESOURCE => {
+                let t0 = now_ns();
+                resource_callback(s, cbid, data);
+                s.hot
+                    .callback_ns
+                    .fetch_add(now_ns().saturating_sub(t0), Ordering::Relaxed);
             }
-            DOMAIN_RESOURCE => resource_callback(s, cbid, data),
             _ => {}
         }
     });
+}
+
+/// A kernel or graph launch (API enter): stamps the launch time, the thread's operator and
+/// the thread into the correlation table, and times itself.
+fn launch_callback(s: &Shim, domain: u32, cbid: u32, data: *const c_void) {
+    use cudarc::cupti::sys::CUpti_CallbackData as Cb;
+    // SAFETY: for API domains CUPTI passes a CUpti_CallbackData; fields are read at the
+    // bindings' offsets as raw integers.
+    let (site, corr) = unsafe {
+        let p = data.cast::<u8>();
+        (
+            std::ptr::read_unaligned(p.add(std::mem::offset_of!(Cb, callbackSite)).cast::<u32>()),
+            std::ptr::read_unaligned(p.add(std::mem::offset_of!(Cb, correlationId)).cast::<u32>()),
+        )
+    };
+    if site != 0 {
+        return; // exit site: nothing to do
+    }
+    let t0 = now_ns();
+    let h = &s.hot;
+    let counter = match (domain, control::is_graph_launch(domain, cbid)) {
+        (DOMAIN_DRIVER, false) => &h.kernels_driver,
+        (DOMAIN_DRIVER, true) => &h.graphs_driver,
+        (_, false) => &h.kernels_runtime,
+        (_, true) => &h.graphs_runtime,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    let slot = &s.corr[corr as usize & (CORR_SLOTS - 1)];
+    // Invalidate, fill, publish: a reader that sees `corr` sees these fields.
+    slot.correlation.store(0, Ordering::Relaxed);
+    slot.launch_ns.store(t0, Ordering::Relaxed);
+    slot.op.store(current_op(), Ordering::Relaxed);
+    slot.tid.store(tid(), Ordering::Relaxed);
+    slot.domain.store(domain, Ordering::Relaxed);
+    slot.correlation.store(corr, Ordering::Release);
+    h.callback_ns
+        .fetch_add(now_ns().saturating_sub(t0), Ordering::Relaxed);
 }
 
 fn resource_callback(s: &Shim, cbid: u32, data: *const c_void) {
@@ -594,22 +735,15 @@ fn resource_callback(s: &Shim, cbid: u32, data: *const c_void) {
             (api.cuptiGetGraphNodeId)(original, &mut original_id);
         }
     }
+    // No lock here (this is the capturing CUDA thread): a clone's operator is looked up when
+    // the flusher drains the queue (`drain_queue`).
     let op = if cbid == CBID_GRAPHNODE_CREATED {
         s.counters.nodes_created.fetch_add(1, Ordering::Relaxed);
         current_op()
     } else {
         s.counters.nodes_cloned.fetch_add(1, Ordering::Relaxed);
-        s.node_ops
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&original_id).copied())
-            .unwrap_or(0)
+        0
     };
-    if op != 0 {
-        if let Ok(mut m) = s.node_ops.lock() {
-            m.insert(node_id, op);
-        }
-    }
     s.push_queued(Queued::Node(GraphNodeRecord {
         header: RecordHeader::of::<GraphNodeRecord>(),
         node_id,
@@ -627,12 +761,11 @@ fn resource_callback(s: &Shim, cbid: u32, data: *const c_void) {
 
 unsafe extern "C" fn buffer_requested(buf: *mut *mut u8, size: *mut usize, max: *mut usize) {
     guard((), || {
+        let t0 = now_ns();
         let s = shim();
         let b = s
             .buffers
-            .lock()
-            .ok()
-            .and_then(|mut p| p.pop())
+            .pop()
             .unwrap_or_else(|| vec![0u64; BUFFER_BYTES / 8].into_boxed_slice());
         let len = b.len() * 8;
         // SAFETY: CUPTI's out pointers are valid; the buffer is 8-byte aligned and returned
@@ -642,11 +775,15 @@ unsafe extern "C" fn buffer_requested(buf: *mut *mut u8, size: *mut usize, max: 
             *max = 0;
             *buf = Box::into_raw(b).cast::<u8>();
         }
+        // CUPTI may ask on a launching thread: counted as the shim's time there.
+        s.hot
+            .callback_ns
+            .fetch_add(now_ns().saturating_sub(t0), Ordering::Relaxed);
     });
 }
 
 unsafe extern "C" fn buffer_completed(
-    ctx: *mut c_void,
+    ctx_ptr: *mut c_void,
     stream_id: u32,
     buffer: *mut u8,
     size: usize,
@@ -664,95 +801,110 @@ unsafe extern "C" fn buffer_completed(
     };
     guard((), || {
         let s = shim();
-        if let (Some(api), Ok(mut w)) = (&s.api, s.writer.lock()) {
-            s.counters.buffers_completed.fetch_add(1, Ordering::Relaxed);
-            let diag = if s.status.load(Ordering::Relaxed) & STATUS_DIAGNOSTIC != 0 {
-                KERNEL_DIAGNOSTIC
-            } else {
-                0
-            };
-            let mut rec: *mut c_void = std::ptr::null_mut();
-            loop {
-                // SAFETY: iterating a completed buffer of `valid` bytes with CUPTI's API.
-                let r = unsafe { (api.cuptiActivityGetNextRecord)(buffer, valid, &mut rec) };
-                if r == CUPTI_ERROR_MAX_LIMIT_REACHED || r != CUPTI_SUCCESS {
-                    break;
-                }
-                let p = rec.cast::<u8>().cast_const();
-                let mut ctx2 = (s, &mut *w);
-                // SAFETY: `p` is a CUPTI record of the kind it declares.
-                unsafe {
-                    match activity::kind(p) {
-                        activity::KIND_CONCURRENT_KERNEL => {
-                            let k = activity::kernel(p, &mut ctx2, diag);
-                            s.counters.kernel_records.fetch_add(1, Ordering::Relaxed);
-                            w.push(k.as_bytes());
-                        }
-                        activity::KIND_GRAPH_TRACE => {
-                            let g = activity::graph(p, &mut ctx2);
-                            s.counters.graph_records.fetch_add(1, Ordering::Relaxed);
-                            w.push(g.as_bytes());
-                        }
-                        activity::KIND_MEMCPY => {
-                            let m = activity::memcpy(p, &mut ctx2);
-                            s.counters.mem_records.fetch_add(1, Ordering::Relaxed);
-                            w.push(m.as_bytes());
-                        }
-                        activity::KIND_MEMSET => {
-                            let m = activity::memset(p, &mut ctx2);
-                            s.counters.mem_records.fetch_add(1, Ordering::Relaxed);
-                            w.push(m.as_bytes());
-                        }
-                        _ => {
-                            s.counters.other_records.fetch_add(1, Ordering::Relaxed);
-                        }
+        let Some(api) = &s.api else { return };
+        let Ok(mut w) = s.writer.lock() else { return };
+        // Node records queued since the last flush first: kernels of this buffer may come from
+        // graphs whose nodes they describe.
+        s.drain_queue(&mut w);
+        let diag = if s.status.load(Ordering::Relaxed) & STATUS_DIAGNOSTIC != 0 {
+            KERNEL_DIAGNOSTIC
+        } else {
+            0
+        };
+        let mut ctx = BufferCtx {
+            shim: s,
+            w: &mut w,
+            tally: Tally::default(),
+            kernel: false,
+        };
+        let mut rec: *mut c_void = std::ptr::null_mut();
+        loop {
+            // SAFETY: iterating a completed buffer of `valid` bytes with CUPTI's API.
+            let r = unsafe { (api.cuptiActivityGetNextRecord)(buffer, valid, &mut rec) };
+            if r == CUPTI_ERROR_MAX_LIMIT_REACHED || r != CUPTI_SUCCESS {
+                break;
+            }
+            let p = rec.cast::<u8>().cast_const();
+            // SAFETY: `p` is a CUPTI record of the kind it declares.
+            unsafe {
+                let kind = activity::kind(p);
+                ctx.kernel = kind == activity::KIND_CONCURRENT_KERNEL;
+                match kind {
+                    activity::KIND_CONCURRENT_KERNEL => {
+                        let k = activity::kernel(p, &mut ctx, diag);
+                        ctx.tally.kernels += 1;
+                        ctx.w.push(k.as_bytes());
                     }
+                    activity::KIND_GRAPH_TRACE => {
+                        let g = activity::graph(p, &mut ctx);
+                        ctx.tally.graphs += 1;
+                        ctx.w.push(g.as_bytes());
+                    }
+                    activity::KIND_MEMCPY => {
+                        let m = activity::memcpy(p, &mut ctx);
+                        ctx.tally.mems += 1;
+                        ctx.w.push(m.as_bytes());
+                    }
+                    activity::KIND_MEMSET => {
+                        let m = activity::memset(p, &mut ctx);
+                        ctx.tally.mems += 1;
+                        ctx.w.push(m.as_bytes());
+                    }
+                    _ => ctx.tally.others += 1,
                 }
             }
-            let mut dropped = 0usize;
-            // SAFETY: valid out pointer; ctx/stream as CUPTI gave them.
-            unsafe { (api.cuptiActivityGetNumDroppedRecords)(ctx, stream_id, &mut dropped) };
-            if dropped > 0 {
-                if let Some(t) = &s.transport {
-                    t.header
-                        .cupti_dropped
-                        .fetch_add(dropped as u64, Ordering::Relaxed);
-                }
+        }
+        ctx.tally.add_to(&s.counters);
+        let mut dropped = 0usize;
+        // SAFETY: valid out pointer; ctx/stream as CUPTI gave them.
+        unsafe { (api.cuptiActivityGetNumDroppedRecords)(ctx_ptr, stream_id, &mut dropped) };
+        if dropped > 0 {
+            if let Some(t) = &s.transport {
+                t.header
+                    .cupti_dropped
+                    .fetch_add(dropped as u64, Ordering::Relaxed);
             }
         }
     });
     if let Some(s) = SHIM.get() {
-        if let Ok(mut pool) = s.buffers.lock() {
-            if pool.len() < BUFFER_POOL {
-                pool.push(owned);
-            }
-        }
+        // A full pool drops the buffer (freed here).
+        let _ = s.buffers.push(owned);
     }
 }
 
-/// The background thread: flushes CUPTI, moves queued records, keeps the agent connection,
-/// applies diagnostic requests.
+/// The background thread: switches depth when the plan says (woken by step markers at
+/// window boundaries, by requests, or by the plan's time), flushes CUPTI and moves queued
+/// records every flush period, keeps the agent connection.
 fn flusher() {
-    let period = Duration::from_millis(
-        std::env::var("SLO_PROBE_FLUSH_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(200)
-            .clamp(10, 10_000),
-    );
-    let mut ticks = 0u64;
+    let period = std::env::var("SLO_PROBE_FLUSH_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200u64)
+        .clamp(10, 10_000)
+        * 1_000_000;
+    let mut next_flush = now_ns() + period;
+    let mut wake_ns: Option<u64> = None;
+    let mut flushes = 0u64;
     loop {
-        std::thread::sleep(period);
+        let now = now_ns();
+        let until = wake_ns.map_or(next_flush, |w| w.min(next_flush));
+        if until > now {
+            std::thread::park_timeout(Duration::from_nanos(until - now));
+        }
         if FORKED.load(Ordering::Relaxed) {
             return;
         }
-        let _ = catch_unwind(|| flush_once(ticks));
-        ticks += 1;
+        let Some(s) = SHIM.get() else { continue };
+        wake_ns = catch_unwind(AssertUnwindSafe(|| s.control_tick())).unwrap_or(None);
+        if now_ns() >= next_flush {
+            let _ = catch_unwind(AssertUnwindSafe(|| flush_once(s, flushes)));
+            flushes += 1;
+            next_flush = now_ns() + period;
+        }
     }
 }
 
-fn flush_once(ticks: u64) {
-    let Some(s) = SHIM.get() else { return };
+fn flush_once(s: &Shim, flushes: u64) {
     if s.tracing() {
         if let Some(api) = &s.api {
             // SAFETY: never called from a CUPTI callback; one flusher thread.
@@ -763,25 +915,7 @@ fn flush_once(ticks: u64) {
         s.drain_queue(&mut w);
     }
     if let Some(t) = &s.transport {
-        // Diagnostic requests: from the agent (control word) or the script.
-        let control = t.header.control.load(Ordering::Acquire);
-        let generation = (control >> 32) as u32;
-        let mut want = s.diag_request.swap(0, Ordering::AcqRel);
-        if generation != 0 && generation != s.control_generation.load(Ordering::Relaxed) {
-            s.control_generation.store(generation, Ordering::Relaxed);
-            want = want.max(control as u32);
-        }
-        if want > 0 && !s.diag_always {
-            let until = s.steps_ended.load(Ordering::Relaxed) + u64::from(want);
-            s.diag_until_step.store(until, Ordering::Relaxed);
-            s.set_diagnostic(true);
-        }
-        let until = s.diag_until_step.load(Ordering::Relaxed);
-        if until != 0 && s.steps_ended.load(Ordering::Relaxed) >= until {
-            s.diag_until_step.store(0, Ordering::Relaxed);
-            s.set_diagnostic(false);
-        }
-        if ticks % 5 == 0 {
+        if flushes % 5 == 0 {
             let status = s.status.load(Ordering::Relaxed);
             let up = t.ensure_connected(s.cupti_version, status as u32);
             s.set_status(STATUS_CONNECTED, up);
@@ -819,7 +953,11 @@ pub extern "C" fn InitializeInjection() -> i32 {
         let s = shim();
         // SAFETY: registering a function with no preconditions.
         unsafe { libc::atexit(at_exit) };
-        match s.start_tracing(false) {
+        // Free: the flusher takes this lock only while tracing, which starts here.
+        let Ok(mut c) = s.control.lock() else {
+            return 1;
+        };
+        match s.start_tracing(&mut c, false) {
             Ok(()) => {
                 if s.log {
                     say!("tracing (CUPTI {})", s.cupti_version);
@@ -839,13 +977,28 @@ pub extern "C" fn slo_probe_shim_version() -> i32 {
 
 fn step_marker(step: u64, phase: u32) {
     let s = shim();
+    let ts = now_ns();
     if phase == STEP_END {
-        s.steps_ended.fetch_add(1, Ordering::Relaxed);
+        let n = s.steps_ended.fetch_add(1, Ordering::Relaxed) + 1;
+        s.last_step_ns.store(ts, Ordering::Relaxed);
+        let depth = s.depth_now.load(Ordering::Relaxed);
+        if depth != DEPTH_OFF && depth > DEPTH_TIMING {
+            s.sampled_steps.fetch_add(1, Ordering::Relaxed);
+        }
+        // At a window boundary, wake the flusher (once per boundary).
+        let w = s.wake_at_step.load(Ordering::Relaxed);
+        if n >= w
+            && s.wake_at_step
+                .compare_exchange(w, u64::MAX, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            wake_flusher();
+        }
     }
     s.push_queued(Queued::Step(StepRecord {
         header: RecordHeader::of::<StepRecord>(),
         step,
-        ts_ns: now_ns(),
+        ts_ns: ts,
         tid: tid(),
         phase,
     }));
@@ -915,11 +1068,17 @@ pub extern "C" fn slo_probe_op_pop() {
 /// Hands CUPTI to another tool (torch.profiler): flushes, unsubscribes. 0 on success.
 #[no_mangle]
 pub extern "C" fn slo_probe_cupti_release() -> i32 {
-    guard(-1, || match shim().stop_tracing() {
-        Ok(()) => 0,
-        Err(e) => {
-            say!("{e}");
-            -2
+    guard(-1, || {
+        let s = shim();
+        let Ok(mut c) = s.control.lock() else {
+            return -1;
+        };
+        match s.stop_tracing(&mut c) {
+            Ok(()) => 0,
+            Err(e) => {
+                say!("{e}");
+                -2
+            }
         }
     })
 }
@@ -932,7 +1091,10 @@ pub extern "C" fn slo_probe_cupti_reacquire() -> i32 {
         if s.tracing() {
             return 0;
         }
-        match s.start_tracing(true) {
+        let Ok(mut c) = s.control.lock() else {
+            return -1;
+        };
+        match s.start_tracing(&mut c, true) {
             Ok(()) => 0,
             Err(e) => {
                 say!("{e}");
@@ -943,48 +1105,101 @@ pub extern "C" fn slo_probe_cupti_reacquire() -> i32 {
 }
 
 /// The shim's state: `STATUS_*` bits of [`slo_probe_common::ring`] (1 tracing, 2 connected,
-/// 4 lost the CUPTI race, 8 diagnostic, 16 released).
+/// 4 lost the CUPTI race, 8 diagnostic, 16 released, 32 kernels traced).
 #[no_mangle]
 pub extern "C" fn slo_probe_status() -> u32 {
     guard(0, || shim().status.load(Ordering::Relaxed) as u32)
 }
 
-/// Asks for node-level graph tracing during the next `steps` iterations (then back to
-/// graph-level).
+/// Asks for node-level graph tracing (depth 2) during the next `steps` iterations (then back
+/// to what the shim would do anyway).
 #[no_mangle]
 pub extern "C" fn slo_probe_request_diagnostic(steps: u32) {
     guard((), || {
-        shim().diag_request.store(steps.max(1), Ordering::Release)
+        request_depth(DEPTH_NODES, steps.max(1));
     });
 }
 
-/// Copies up to `n` debug counters into `out` and returns how many exist: launches seen on the
-/// driver and runtime APIs, kernel records, correlation hits and misses, graph records, memory
-/// records, graph nodes created and cloned, buffers completed, queue drops, other records.
+fn request_depth(depth: u32, steps: u32) {
+    let s = shim();
+    let duration = if steps == 0 {
+        DepthDuration::UntilNext
+    } else {
+        DepthDuration::Steps(steps)
+    };
+    let g = next_generation(s.script_request.load(Ordering::Relaxed));
+    s.script_request
+        .store(encode_depth_request(g, depth, duration), Ordering::Release);
+    wake_flusher();
+}
+
+/// Asks for tracing depth `depth` (0 timing, 1 kernels, 2 graph nodes) during the next `steps`
+/// iterations (0: until the next request); depth 0 withdraws the script's request. Applied by
+/// the shim's thread within milliseconds. 0 on success, -1 for a depth above 2.
+#[no_mangle]
+pub extern "C" fn slo_probe_request_depth(depth: u32, steps: u32) -> i32 {
+    guard(-1, || {
+        if depth > DEPTH_NODES {
+            return -1;
+        }
+        request_depth(depth, steps);
+        0
+    })
+}
+
+/// The shim's depth word (`slo_probe_common::ring::decode_shim_depth`): current depth (bits
+/// 0..7, 0xff off), reason (8..15), sample window (16..31), period (32..62), unit (63: ms).
+#[no_mangle]
+pub extern "C" fn slo_probe_depth() -> u64 {
+    guard(0, || shim().depth_word.load(Ordering::Relaxed))
+}
+
+/// Copies up to `n` debug counters into `out` and returns how many exist, in this order:
+/// launch callbacks on the driver and runtime APIs (kernels and graphs), kernel records,
+/// correlation hits and misses, graph records, memory records, graph nodes created and cloned,
+/// buffers completed, queue drops, other records, graph nodes not remembered (table full),
+/// graph-launch callbacks, kernel records stamped by a driver and by a runtime callback, the
+/// kernel-launch domains in use (1 driver, 2 runtime), depth changes, ns spent switching,
+/// sample windows, ns inside callbacks, steps ended while kernels were traced.
 ///
 /// # Safety
 /// `out` must point to `n` writable u64s (or be null with `n` 0).
 #[no_mangle]
 pub unsafe extern "C" fn slo_probe_debug_counters(out: *mut u64, n: usize) -> usize {
     guard(0, || {
-        let c = &shim().counters;
+        let s = shim();
+        let c = &s.counters;
+        let h = &s.hot;
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let all = [
-            &c.launches_driver,
-            &c.launches_runtime,
-            &c.kernel_records,
-            &c.corr_hits,
-            &c.corr_misses,
-            &c.graph_records,
-            &c.mem_records,
-            &c.nodes_created,
-            &c.nodes_cloned,
-            &c.buffers_completed,
-            &c.queue_dropped,
-            &c.other_records,
+            r(&h.kernels_driver) + r(&h.graphs_driver),
+            r(&h.kernels_runtime) + r(&h.graphs_runtime),
+            r(&c.kernel_records),
+            r(&c.corr_hits),
+            r(&c.corr_misses),
+            r(&c.graph_records),
+            r(&c.mem_records),
+            r(&c.nodes_created),
+            r(&c.nodes_cloned),
+            r(&c.buffers_completed),
+            r(&c.queue_dropped),
+            r(&c.other_records),
+            r(&c.node_ops_full),
+            r(&h.graphs_driver) + r(&h.graphs_runtime),
+            r(&c.corr_hits_driver),
+            r(&c.corr_hits_runtime),
+            r(&c.launch_domains),
+            r(&c.depth_changes),
+            r(&c.toggle_ns),
+            r(&c.sample_windows),
+            r(&h.callback_ns),
+            r(&s.sampled_steps),
         ];
-        for (i, v) in all.iter().enumerate().take(n) {
-            // SAFETY: per the contract, i < n.
-            unsafe { *out.add(i) = v.load(Ordering::Relaxed) };
+        if !out.is_null() {
+            for (i, v) in all.iter().enumerate().take(n) {
+                // SAFETY: per the contract, i < n.
+                unsafe { *out.add(i) = *v };
+            }
         }
         all.len()
     })

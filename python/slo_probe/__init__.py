@@ -10,17 +10,10 @@ scripts need no ``if``.
 Needs Python >= 3.9 and nothing else; ``instrument`` takes a ``torch.nn.Module`` (hooks that
 still run when a forward raises need torch >= 2.1) and is the only function that touches torch.
 
-Shim ABI (C, version 1) -- every function is non-blocking except release/reacquire::
-
-    int32_t  slo_probe_shim_version(void);            // 1
-    void     slo_probe_step_begin(uint64_t step);     // iteration markers
-    void     slo_probe_step_end(uint64_t step);
-    uint32_t slo_probe_intern_op(const char *name);   // UTF-8, NUL-terminated; id > 0, 0 = failure
-    void     slo_probe_op_push(uint32_t id);          // per-thread operator stack: kernels launched
-    void     slo_probe_op_pop(void);                  //   by a thread go to its top op
-    int32_t  slo_probe_cupti_release(void);           // 0 = flushed and unsubscribed from CUPTI
-    int32_t  slo_probe_cupti_reacquire(void);         // 0 = subscribed again
-    uint32_t slo_probe_status(void);                  // bit flags, see STATUS_FLAGS
+Shim ABI (C, version 1): ``cupti-shim/include/slo_probe_shim.h`` declares every function with
+its C signature; ``_ABI`` and ``_OPTIONAL_ABI`` below are its ctypes form (a test of the shim's
+crate checks them against the header). Every function is non-blocking except release,
+reacquire and flush, which flush CUPTI.
 
 Finding the shim: ``SLO_PROBE_SHIM`` (any path; ``none`` turns this package into no-ops) wins
 over ``CUDA_INJECTION64_PATH``. The latter is used only when its file name starts with
@@ -44,12 +37,15 @@ from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, TypeVar, overload
 
 __all__ = [
+    "DEPTHS",
     "STATUS_FLAGS",
     "available",
     "cupti_reacquire",
     "cupti_released",
+    "depth",
     "instrument",
     "op",
+    "request_depth",
     "status",
     "step",
     "version",
@@ -65,18 +61,19 @@ STATUS_FLAGS: Dict[str, int] = {
     "lost_race": 4,  # another CUPTI subscriber (e.g. torch.profiler) was first
     "diagnostic": 8,  # node-level graph tracing (the agent asked for detail)
     "released": 16,  # CUPTI handed to another tool with cupti_released()
+    "kernels": 32,  # every kernel is traced now (depth 1 or 2: a sample window or a request)
 }
+
+#: Tracing depths, by number: 0 timing (steps, graph launches, memcpy; kernels only in sample
+#: windows), 1 kernels, 2 nodes (kernels, and CUDA-graph replays node by node).
+DEPTHS = ("timing", "kernels", "nodes")
+_REASONS = ("default", "sample", "agent", "script", "released")
+_DEPTH_OFF = 0xFF
 
 _U64_MAX = (1 << 64) - 1
 
-# Diagnostic functions the shim may lack (stubs, older shims): name -> (restype, argtypes).
-_OPTIONAL_ABI: Dict[str, Tuple[Any, List[Any]]] = {
-    "slo_probe_request_diagnostic": (None, [ctypes.c_uint32]),
-    "slo_probe_debug_counters": (ctypes.c_size_t, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]),
-}
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-# name -> (restype, argtypes, blocking). Blocking functions are called without the GIL.
+# name -> (restype, argtypes, blocking), as in cupti-shim/include/slo_probe_shim.h. Blocking
+# functions are called without the GIL.
 _ABI: Dict[str, Tuple[Any, List[Any], bool]] = {
     "slo_probe_shim_version": (ctypes.c_int32, [], False),
     "slo_probe_step_begin": (None, [ctypes.c_uint64], False),
@@ -88,6 +85,16 @@ _ABI: Dict[str, Tuple[Any, List[Any], bool]] = {
     "slo_probe_cupti_reacquire": (ctypes.c_int32, [], True),
     "slo_probe_status": (ctypes.c_uint32, [], False),
 }
+
+# Functions the shim may lack (the test stub, older shims), same form as _ABI.
+_OPTIONAL_ABI: Dict[str, Tuple[Any, List[Any], bool]] = {
+    "slo_probe_request_diagnostic": (None, [ctypes.c_uint32], False),
+    "slo_probe_debug_counters": (ctypes.c_size_t, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t], False),
+    "slo_probe_flush": (None, [], True),
+    "slo_probe_request_depth": (ctypes.c_int32, [ctypes.c_uint32, ctypes.c_uint32], False),
+    "slo_probe_depth": (ctypes.c_uint64, [], False),
+}
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 class _Shim:
@@ -105,17 +112,23 @@ class _Shim:
         "status",
         "request_diagnostic",
         "debug_counters",
+        "flush",
+        "request_depth",
+        "depth",
     )
 
     def __init__(self, lib: Any, gil_free: Any = None) -> None:
-        # Optional functions (diagnostics): absent in a stub or an older shim.
-        self.request_diagnostic = getattr(lib, "slo_probe_request_diagnostic", None)
-        self.debug_counters = getattr(lib, "slo_probe_debug_counters", None)
+        def fn(name: str, optional: bool = False) -> Any:
+            table = _OPTIONAL_ABI if optional else _ABI
+            src = gil_free if gil_free is not None and table[name][2] else lib
+            return getattr(src, name, None) if optional else getattr(src, name)
 
-        def fn(name: str) -> Callable[..., Any]:
-            f: Callable[..., Any] = getattr(gil_free if gil_free is not None and _ABI[name][2] else lib, name)
-            return f
-
+        # Optional functions: absent in a stub or an older shim.
+        self.request_diagnostic = fn("slo_probe_request_diagnostic", True)
+        self.debug_counters = fn("slo_probe_debug_counters", True)
+        self.flush = fn("slo_probe_flush", True)
+        self.request_depth = fn("slo_probe_request_depth", True)
+        self.depth = fn("slo_probe_depth", True)
         self.version = fn("slo_probe_shim_version")
         self.step_begin = fn("slo_probe_step_begin")
         self.step_end = fn("slo_probe_step_end")
@@ -153,8 +166,8 @@ def _load_shim(path: str) -> _Shim:
         f = getattr(gil_free if blocking else with_gil, name)
         f.restype = restype
         f.argtypes = argtypes
-    for name, (restype, argtypes) in _OPTIONAL_ABI.items():
-        f = getattr(with_gil, name, None)
+    for name, (restype, argtypes, blocking) in _OPTIONAL_ABI.items():
+        f = getattr(gil_free if blocking else with_gil, name, None)
         if f is not None:
             f.restype = restype
             f.argtypes = argtypes
@@ -227,7 +240,9 @@ def _request_diagnostic(steps: int) -> None:
 DEBUG_COUNTERS = (
     "launches_driver", "launches_runtime", "kernel_records", "corr_hits", "corr_misses",
     "graph_records", "mem_records", "nodes_created", "nodes_cloned", "buffers_completed",
-    "queue_dropped", "other_records",
+    "queue_dropped", "other_records", "node_ops_full", "graph_launches", "corr_hits_driver",
+    "corr_hits_runtime", "launch_domains", "depth_changes", "toggle_ns", "sample_windows",
+    "callback_ns", "sampled_steps",
 )
 
 
@@ -239,6 +254,53 @@ def _debug_counters() -> Optional[Dict[str, int]]:
     buf = (ctypes.c_uint64 * len(DEBUG_COUNTERS))()
     n = s.debug_counters(buf, len(DEBUG_COUNTERS))
     return {k: int(buf[i]) for i, k in enumerate(DEBUG_COUNTERS[: min(n, len(DEBUG_COUNTERS))])}
+
+
+def depth() -> Optional[Dict[str, Any]]:
+    """The shim's tracing depth and duty cycle, or None without a shim (or with one too old).
+
+    ``{"depth": 0, "name": "timing", "reason": "sample", "window": 5, "period": 120,
+    "unit": "steps"}``: the depth now (``name`` is one of DEPTHS, or "off" while CUPTI is
+    released), why (default, sample, agent, script, released), and the sampling duty cycle of
+    the always-on tier: kernels are traced for ``window`` out of every ``period`` steps (or ms
+    when ``unit`` is "ms": the script marks no steps); period 0 means no sampling.
+    """
+    s = _shim
+    if s is None or s.depth is None:
+        return None
+    w = int(s.depth())
+    d, r = w & 0xFF, (w >> 8) & 0xFF
+    return {
+        "depth": d,
+        "name": DEPTHS[d] if d < len(DEPTHS) else ("off" if d == _DEPTH_OFF else str(d)),
+        "reason": _REASONS[r] if r < len(_REASONS) else str(r),
+        "window": (w >> 16) & 0xFFFF,
+        "period": (w >> 32) & 0x7FFFFFFF,
+        "unit": "ms" if w >> 63 else "steps",
+    }
+
+
+def request_depth(level: Any, steps: int = 0) -> bool:
+    """Ask the shim for tracing depth ``level`` (0/"timing", 1/"kernels", 2/"nodes") during the
+    next ``steps`` iterations; 0 = until the next request. Level 0 withdraws the script's
+    request (the shim goes back to its own tier and sampling). The agent's requests are kept
+    apart: the shim runs at the higher of both. Returns True when the shim took the request,
+    False without a shim (or with one too old). Never blocks.
+    """
+    if isinstance(level, str):
+        if level not in DEPTHS:
+            raise ValueError(f"slo_probe.request_depth(): level {level!r} is not one of {DEPTHS}")
+        level = DEPTHS.index(level)
+    level = int(level)
+    if not 0 <= level < len(DEPTHS):
+        raise ValueError(f"slo_probe.request_depth(): level {level} is outside 0..{len(DEPTHS) - 1}")
+    steps = int(steps)
+    if not 0 <= steps < 1 << 24:
+        raise ValueError(f"slo_probe.request_depth(): steps {steps} is outside 0..2**24-1")
+    s = _shim
+    if s is None or s.request_depth is None:
+        return False
+    return int(s.request_depth(level, steps)) == 0
 
 
 def status() -> Dict[str, bool]:

@@ -1,9 +1,13 @@
 /* A stand-in for libslo_probe_cupti.so with the same ABI; it only logs its calls.
  * The tests build it when a C compiler is present, to check the ctypes declarations against a
- * real shared object. stub_log() returns the log; stub_set_rc() sets release/reacquire results. */
+ * real shared object. stub_log() returns the log; stub_set_rc() sets release/reacquire results.
+ * Including the shim's header makes the compiler check every signature below against it
+ * (cupti-shim/tests/c_header.rs checks that every declared function is defined). */
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+
+#include "../../cupti-shim/include/slo_probe_shim.h"
 
 #ifndef STUB_VERSION
 #define STUB_VERSION 1
@@ -43,3 +47,18 @@ int32_t slo_probe_cupti_reacquire(void) {
     return reacquire_rc;
 }
 uint32_t slo_probe_status(void) { return status_bits; }
+void slo_probe_request_diagnostic(uint32_t steps) { say("diagnostic %u;", steps); }
+static uint64_t depth_word = 0x0000007800050100ull; /* depth 0, reason sample, window 5, period 120 */
+int32_t slo_probe_request_depth(uint32_t depth, uint32_t steps) {
+    say("depth %u %u;", depth, steps);
+    if (depth > 2) return -1;
+    depth_word = (depth_word & ~0xffffull) | depth | (depth ? 3u << 8 : 0); /* reason script */
+    return 0;
+}
+uint64_t slo_probe_depth(void) { return depth_word; }
+size_t slo_probe_debug_counters(uint64_t *out, size_t n) {
+    for (size_t i = 0; i < n && i < 2; i++) out[i] = i + 1;
+    return 2;
+}
+void slo_probe_flush(void) { say("flush;"); }
+int32_t InitializeInjection(void) { return 1; }

@@ -1,6 +1,6 @@
 """Tests of the slo_probe package: no-op mode, the binding layer against a recording fake shim,
 the ctypes declarations against a compiled stub (when a C compiler is present), and a real shim
-(only when SLO_PROBE_SHIM names one). Run: cd python && python3 -m unittest discover -s tests -v
+(SLO_PROBE_SHIM, else the workspace build, else one built with cargo). Run: cd python && python3 -m unittest discover -s tests -v
 """
 
 from __future__ import annotations
@@ -204,6 +204,8 @@ class NoOpTest(Base):
         with slo_probe.cupti_released():
             pass
         self.assertTrue(slo_probe.cupti_reacquire())
+        self.assertIsNone(slo_probe.depth())
+        self.assertFalse(slo_probe.request_depth("nodes", 5))
 
     def test_cheap_without_a_shim(self) -> None:
         # No per-call state: every op() is one shared do-nothing object, instrument() adds no
@@ -580,7 +582,7 @@ class CuptiReleasedTest(Base):
         self.assertEqual(self.shim.calls, [("release",), ("body",), ("reacquire",)])
 
     def test_status_flags(self) -> None:
-        self.shim.bits = 1 | 2 | 4 | 8 | 16 | 64
+        self.shim.bits = 1 | 2 | 4 | 8 | 16 | 32 | 64
         self.assertTrue(all(slo_probe.status().values()))
         self.shim.bits = 4
         self.assertEqual([k for k, v in slo_probe.status().items() if v], ["lost_race"])
@@ -638,6 +640,38 @@ class CompiledStubTest(Base):
             self.log()[start:], f"begin {last};intern blocks.0.up·ü;push 1;pop;end {last};release;reacquire;"
         )
 
+    def test_optional_functions_reach_the_library(self) -> None:
+        slo_probe._install(slo_probe._load_shim(self.paths[1]))
+        start = len(self.log())
+        slo_probe._request_diagnostic(3)
+        shim = slo_probe._shim
+        assert shim is not None and shim.flush is not None
+        shim.flush()
+        self.assertEqual(self.log()[start:], "diagnostic 3;flush;")
+        counters = slo_probe._debug_counters()
+        assert counters is not None
+        self.assertEqual(list(counters.values()), [1, 2])
+
+    def test_depth_reaches_the_library(self) -> None:
+        slo_probe._install(slo_probe._load_shim(self.paths[1]))
+        start = len(self.log())
+        self.assertEqual(
+            slo_probe.depth(),
+            {"depth": 0, "name": "timing", "reason": "sample", "window": 5, "period": 120, "unit": "steps"},
+        )
+        self.assertTrue(slo_probe.request_depth("kernels", 20))
+        self.assertTrue(slo_probe.request_depth(0))
+        self.assertTrue(slo_probe.request_depth(2, 3))
+        self.assertEqual(self.log()[start:], "depth 1 20;depth 0 0;depth 2 3;")
+        d = slo_probe.depth()
+        assert d is not None
+        self.assertEqual((d["depth"], d["name"], d["reason"]), (2, "nodes", "script"))
+        for bad in (3, -1, "deep"):
+            with self.assertRaises(ValueError):
+                slo_probe.request_depth(bad)
+        with self.assertRaises(ValueError):
+            slo_probe.request_depth(1, 1 << 24)
+
     def test_release_error_code_from_the_library(self) -> None:
         slo_probe._install(slo_probe._load_shim(self.paths[1]))
         self.stub().stub_set_rc(-3, 0)
@@ -665,15 +699,50 @@ class CompiledStubTest(Base):
         self.assertFalse(slo_probe.available())
 
 
-REAL_SHIM = os.environ.get("SLO_PROBE_SHIM", "")
+REPO = os.path.dirname(os.path.dirname(HERE))
 
 
-@unittest.skipUnless(os.path.isfile(REAL_SHIM), "set SLO_PROBE_SHIM to a built libslo_probe_cupti.so")
+def _real_shim() -> Tuple[Optional[str], str]:
+    """The real shim for RealShimTest: SLO_PROBE_SHIM when set, else the workspace's build
+    (target/debug or target/release), else one built now with cargo when cargo is on PATH.
+    Returns (path, why not)."""
+    named = os.environ.get("SLO_PROBE_SHIM", "")
+    if named and named.lower() != "none":
+        return (named, "") if os.path.isfile(named) else (None, f"SLO_PROBE_SHIM={named} is not a file")
+    built = [os.path.join(REPO, "target", p, "libslo_probe_cupti.so") for p in ("debug", "release")]
+    for path in built:
+        if os.path.isfile(path):
+            return path, ""
+    cargo = shutil.which("cargo")
+    if cargo is None or not os.path.isfile(os.path.join(REPO, "cupti-shim", "Cargo.toml")):
+        return None, "no built libslo_probe_cupti.so and no cargo to build one"
+    try:
+        subprocess.run([cargo, "build", "-q", "-p", "slo-probe-cupti"], cwd=REPO, check=True, timeout=900)
+    except (subprocess.SubprocessError, OSError) as e:
+        return None, f"cargo build -p slo-probe-cupti failed: {e}"
+    return (built[0], "") if os.path.isfile(built[0]) else (None, "cargo built no libslo_probe_cupti.so")
+
+
 class RealShimTest(Base):
+    """The real shim, loaded without CUDA: every function once. Fails (does not skip) when
+    SLO_PROBE_SHIM names a missing file; skips only where no shim can be found or built."""
+
+    path: str
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        path, why = _real_shim()
+        if path is None:
+            if os.environ.get("SLO_PROBE_SHIM"):
+                raise AssertionError(why)
+            raise unittest.SkipTest(why)
+        cls.path = path
+
     def test_every_function_once(self) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            slo_probe._init_from_env()
+        with mock.patch.dict(os.environ, {"SLO_PROBE_SHIM": self.path}):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                slo_probe._init_from_env()
         self.assertTrue(slo_probe.available())
         self.assertEqual(slo_probe.version(), 1)
         flags = slo_probe.status()
@@ -684,12 +753,25 @@ class RealShimTest(Base):
                 pass
         shim = slo_probe._shim
         assert shim is not None
+        # Every optional function exists in the real shim.
+        for name in slo_probe._OPTIONAL_ABI:
+            self.assertIsNotNone(getattr(shim, name.replace("slo_probe_", ""), None), name)
+        counters = slo_probe._debug_counters()
+        assert counters is not None
+        self.assertEqual(set(counters), set(slo_probe.DEBUG_COUNTERS))
+        # The shim returns exactly as many counters as the package names.
+        self.assertEqual(int(shim.debug_counters(None, 0)), len(slo_probe.DEBUG_COUNTERS))
+        d = slo_probe.depth()
+        assert d is not None
+        self.assertEqual(set(d), {"depth", "name", "reason", "window", "period", "unit"})
+        self.assertTrue(slo_probe.request_depth("kernels", 3))
+        shim.flush()
         rc_release = shim.release()
         rc_reacquire = shim.reacquire()
         self.assertIsInstance(rc_release, int)
         self.assertIsInstance(rc_reacquire, int)
         print(
-            f"\nreal shim {REAL_SHIM}: status {flags}, release {rc_release}, reacquire {rc_reacquire}",
+            f"\nreal shim {self.path}: status {flags}, release {rc_release}, reacquire {rc_reacquire}",
             file=sys.stderr,
         )
 

@@ -148,12 +148,16 @@ impl ShimSource {
 
     /// Asks every connected shim for node-level graph tracing during `steps` iterations.
     pub fn request_diagnostic(&self, steps: u32) {
+        use slo_probe_common::{
+            gpu::DEPTH_NODES,
+            ring::{encode_depth_request, next_generation, DepthDuration},
+        };
         if let Ok(s) = self.state.lock() {
             for c in &s.conns {
                 let h = c.ring.header();
-                let generation = (h.control.load(Ordering::Relaxed) >> 32) as u32 + 1;
+                let generation = next_generation(h.control.load(Ordering::Relaxed));
                 h.control.store(
-                    (u64::from(generation) << 32) | u64::from(steps),
+                    encode_depth_request(generation, DEPTH_NODES, DepthDuration::Steps(steps)),
                     Ordering::Release,
                 );
             }

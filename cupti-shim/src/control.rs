@@ -1,0 +1,583 @@
+//! Switching CUPTI between depths at run time, and the flusher's control tick: read the agent's
+//! and the script's requests, ask the [`Planner`] which depth is wanted, switch CUPTI with
+//! `cuptiActivityEnable/Disable` and `cuptiEnableCallback`, stamp a `DepthRecord`, publish the
+//! depth word and the self-accounting counters in the ring header.
+//!
+//! Every switch happens on the flusher thread (or in `slo_probe_cupti_release/reacquire`,
+//! which block by contract), never inside a CUDA callback, under the [`Control`] mutex that no
+//! CUDA thread takes. CUPTI buffers are flushed before kernel activity is turned off.
+//!
+//! Needs CUPTI 13 (CUDA 13.0, driver 580+).
+
+use std::{ffi::c_void, sync::atomic::Ordering};
+
+use slo_probe_common::{
+    gpu::{
+        DEPTH_KERNELS, DEPTH_NODES, DEPTH_OFF, DEPTH_REASON_DEFAULT, DEPTH_REASON_RELEASED,
+        DEPTH_TIMING,
+    },
+    ring::{decode_depth_request, encode_shim_depth, ShimDepth, STATUS_DIAGNOSTIC, STATUS_KERNELS},
+    DepthRecord, Record, RecordHeader,
+};
+
+use crate::{
+    activity,
+    api::Cupti,
+    depth::{DomainChooser, Observed, Planner, Reason, DRIVER, RUNTIME},
+    error::ShimError,
+    now_ns, say, Queued, Shim, DOMAIN_DRIVER, DOMAIN_RUNTIME,
+};
+
+/// Driver kernel launches: cuLaunchKernel(_ptsz), cuLaunchKernelEx(_ptsz).
+pub const DRIVER_KERNEL_CBIDS: [u32; 4] = [307, 442, 652, 653];
+/// Runtime kernel launches: cudaLaunchKernel(_ptsz), cudaLaunchKernelExC(_ptsz).
+pub const RUNTIME_KERNEL_CBIDS: [u32; 4] = [211, 214, 430, 431];
+/// Graph launches, always traced (one callback per replay): cuGraphLaunch(_ptsz).
+pub const DRIVER_GRAPH_CBIDS: [u32; 2] = [514, 515];
+/// Graph launches: cudaGraphLaunch(_ptsz).
+pub const RUNTIME_GRAPH_CBIDS: [u32; 2] = [311, 312];
+
+/// Whether a launch callback id is a graph launch.
+pub fn is_graph_launch(domain: u32, cbid: u32) -> bool {
+    match domain {
+        DOMAIN_DRIVER => DRIVER_GRAPH_CBIDS.contains(&cbid),
+        DOMAIN_RUNTIME => RUNTIME_GRAPH_CBIDS.contains(&cbid),
+        _ => false,
+    }
+}
+
+/// What CUPTI is set to now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Applied {
+    /// `DEPTH_*` (`DEPTH_OFF` while not tracing).
+    pub depth: u32,
+    /// `DEPTH_REASON_*` of the last depth record.
+    pub reason: u32,
+    /// Kernel-launch callback domains enabled (`depth::DRIVER | RUNTIME` bits).
+    pub domains: u32,
+}
+
+/// The depth state, behind a mutex taken by the flusher and by release/reacquire only.
+pub struct Control {
+    /// Which depth is wanted.
+    pub planner: Planner,
+    /// Which launch domains.
+    pub domains: DomainChooser,
+    /// What CUPTI is set to.
+    pub applied: Applied,
+    agent_generation: u32,
+    script_generation: u32,
+}
+
+impl Control {
+    /// Nothing applied yet (not tracing).
+    pub fn new(planner: Planner) -> Self {
+        let domains = DomainChooser::new(planner.config().domains);
+        Self {
+            planner,
+            domains,
+            applied: Applied {
+                depth: DEPTH_OFF,
+                reason: DEPTH_REASON_DEFAULT,
+                domains: 0,
+            },
+            agent_generation: 0,
+            script_generation: 0,
+        }
+    }
+}
+
+/// `cuptiEnableCallback` for every kernel-launch id of the domains in `mask`.
+///
+/// # Safety
+/// `sub` must be the shim's live subscriber.
+unsafe fn kernel_callbacks(api: &Cupti, sub: *mut c_void, mask: u32, on: bool) {
+    for (bit, domain, ids) in [
+        (DRIVER, DOMAIN_DRIVER, &DRIVER_KERNEL_CBIDS),
+        (RUNTIME, DOMAIN_RUNTIME, &RUNTIME_KERNEL_CBIDS),
+    ] {
+        if mask & bit != 0 {
+            for &cbid in ids {
+                // SAFETY: per the caller.
+                unsafe { (api.cuptiEnableCallback)(u32::from(on), sub, domain, cbid) };
+            }
+        }
+    }
+}
+
+/// The CUPTI calls that move `a` to `depth` with kernel-launch callbacks in `domains`: launch
+/// callbacks before kernel activity goes on (every traced kernel has its launch stamped), a
+/// flush before anything goes off, `GRAPH_TRACE` off exactly at depth 2.
+///
+/// # Safety
+/// `sub` must be the shim's live subscriber, or null (activity-only: no callbacks); not called
+/// from a CUPTI callback.
+unsafe fn switch_cupti(
+    api: &Cupti,
+    sub: *mut c_void,
+    a: &mut Applied,
+    depth: u32,
+    domains: u32,
+) -> Result<(), ShimError> {
+    let want_kernels = depth >= DEPTH_KERNELS;
+    let want_domains = if want_kernels && !sub.is_null() {
+        domains
+    } else {
+        0
+    };
+    // SAFETY: CUPTI calls from the flusher (or a blocking entry point), never from a
+    // callback; `sub` is the shim's subscriber when not null.
+    unsafe {
+        // Launch callbacks first, so that every kernel traced has its launch stamped.
+        if want_domains & !a.domains != 0 {
+            kernel_callbacks(api, sub, want_domains & !a.domains, true);
+            a.domains |= want_domains;
+        }
+        if want_kernels && a.depth == DEPTH_TIMING {
+            let r = (api.cuptiActivityEnable)(activity::KIND_CONCURRENT_KERNEL);
+            api.check(r, || "cuptiActivityEnable(CONCURRENT_KERNEL)".into())?;
+            a.depth = DEPTH_KERNELS;
+        }
+        if depth == DEPTH_NODES && a.depth == DEPTH_KERNELS {
+            // Graph-level and node-level records exclude each other.
+            (api.cuptiActivityFlushAll)(0);
+            let r = (api.cuptiActivityDisable)(activity::KIND_GRAPH_TRACE);
+            api.check(r, || "cuptiActivityDisable(GRAPH_TRACE)".into())?;
+            a.depth = DEPTH_NODES;
+        }
+        if depth < DEPTH_NODES && a.depth == DEPTH_NODES {
+            (api.cuptiActivityFlushAll)(0);
+            let r = (api.cuptiActivityEnable)(activity::KIND_GRAPH_TRACE);
+            api.check(r, || "cuptiActivityEnable(GRAPH_TRACE)".into())?;
+            a.depth = DEPTH_KERNELS;
+        }
+        if !want_kernels && a.depth == DEPTH_KERNELS {
+            // Flush first: what was traced reaches the ring before the kind goes off.
+            (api.cuptiActivityFlushAll)(0);
+            let r = (api.cuptiActivityDisable)(activity::KIND_CONCURRENT_KERNEL);
+            api.check(r, || "cuptiActivityDisable(CONCURRENT_KERNEL)".into())?;
+            a.depth = DEPTH_TIMING;
+        }
+        if a.domains & !want_domains != 0 && !sub.is_null() {
+            kernel_callbacks(api, sub, a.domains & !want_domains, false);
+        }
+        a.domains = want_domains;
+    }
+    Ok(())
+}
+
+impl Shim {
+    /// What the planner needs, read from the shim's counters.
+    pub(crate) fn observe(&self) -> Observed {
+        let h = &self.hot;
+        let r = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        Observed {
+            now_ns: now_ns(),
+            steps: r(&self.steps_ended),
+            last_step_ns: r(&self.last_step_ns),
+            callback_ns: r(&h.callback_ns),
+            kernel_launches: r(&h.kernels_driver) + r(&h.kernels_runtime),
+            kernel_records: r(&self.counters.kernel_records),
+            toggle_ns: r(&self.counters.toggle_ns),
+        }
+    }
+
+    /// Switches CUPTI from `c.applied` to `depth` with kernel-launch callbacks in `domains`.
+    /// On an error `c.applied` says how far it got. The time it takes is counted in
+    /// `toggle_ns`.
+    pub(crate) fn switch(
+        &self,
+        api: &Cupti,
+        c: &mut Control,
+        depth: u32,
+        domains: u32,
+    ) -> Result<(), ShimError> {
+        let t0 = now_ns();
+        let sub = self.subscriber.load(Ordering::Acquire);
+        // SAFETY: `sub` is the shim's subscriber (or null in activity-only mode).
+        let r = unsafe { switch_cupti(api, sub, &mut c.applied, depth, domains) };
+        self.counters
+            .toggle_ns
+            .fetch_add(now_ns().saturating_sub(t0), Ordering::Relaxed);
+        r
+    }
+
+    /// Stamps a depth change: a `DepthRecord` into the ring, the status bits, the depth the
+    /// step markers read, the counters.
+    pub(crate) fn record_depth(&self, from_ns: u64, depth: u32, reason: u32) {
+        self.depth_now.store(depth, Ordering::Relaxed);
+        let kernels = depth != DEPTH_OFF && depth >= DEPTH_KERNELS;
+        self.set_status(STATUS_KERNELS, kernels);
+        self.set_status(STATUS_DIAGNOSTIC, depth == DEPTH_NODES);
+        self.counters.depth_changes.fetch_add(1, Ordering::Relaxed);
+        let r = DepthRecord {
+            header: RecordHeader::of::<DepthRecord>(),
+            from_ns,
+            depth,
+            reason,
+        };
+        // Never waits for the writer: `InitializeInjection` stamps the first depth on the
+        // driver's thread; when the writer is busy the record goes through the queue.
+        match self.writer.try_lock() {
+            Ok(w) => w.push(r.as_bytes()),
+            Err(_) => self.push_queued(Queued::Depth(r)),
+        }
+        if self.log {
+            say!("depth {depth} (reason {reason})");
+        }
+    }
+
+    /// Publishes the depth word, the duty cycle and the counters in the ring header.
+    pub(crate) fn publish(&self, c: &Control) {
+        let d = ShimDepth {
+            depth: c.applied.depth,
+            reason: c.applied.reason,
+            ..c.planner.published()
+        };
+        let word = encode_shim_depth(d);
+        self.depth_word.store(word, Ordering::Relaxed);
+        self.counters
+            .launch_domains
+            .store(u64::from(c.applied.domains), Ordering::Relaxed);
+        self.counters
+            .sample_windows
+            .store(c.planner.windows(), Ordering::Relaxed);
+        self.counters
+            .record_cost_ns
+            .store(c.planner.config().record_cost_ns, Ordering::Relaxed);
+        if let Some(t) = &self.transport {
+            t.header.depth.store(word, Ordering::Relaxed);
+        }
+        self.publish_counters();
+    }
+
+    /// Publishes the self-accounting counters in the ring header (no lock).
+    pub(crate) fn publish_counters(&self) {
+        let Some(t) = &self.transport else { return };
+        let h = t.header;
+        let r = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let hot = &self.hot;
+        h.callback_ns.store(r(&hot.callback_ns), Ordering::Relaxed);
+        h.launches_seen.store(
+            r(&hot.kernels_driver)
+                + r(&hot.kernels_runtime)
+                + r(&hot.graphs_driver)
+                + r(&hot.graphs_runtime),
+            Ordering::Relaxed,
+        );
+        h.kernel_records
+            .store(r(&self.counters.kernel_records), Ordering::Relaxed);
+        h.sampled_steps
+            .store(r(&self.sampled_steps), Ordering::Relaxed);
+        h.steps_seen.store(r(&self.steps_ended), Ordering::Relaxed);
+        h.depth_changes
+            .store(r(&self.counters.depth_changes), Ordering::Relaxed);
+        h.toggle_ns
+            .store(r(&self.counters.toggle_ns), Ordering::Relaxed);
+        h.record_cost_ns
+            .store(r(&self.counters.record_cost_ns), Ordering::Relaxed);
+        h.launch_domains
+            .store(r(&self.counters.launch_domains) as u32, Ordering::Relaxed);
+    }
+
+    /// Moves CUPTI to what `c.planner` wants now and stamps the change. Returns the plan's
+    /// wake time.
+    pub(crate) fn apply_plan(&self, api: &Cupti, c: &mut Control, o: &Observed) -> Option<u64> {
+        let plan = c.planner.plan(o);
+        let from = c.applied;
+        let mut domains = from.domains;
+        if plan.depth >= DEPTH_KERNELS && from.depth == DEPTH_TIMING {
+            let hits = (
+                self.counters.corr_hits_driver.load(Ordering::Relaxed),
+                self.counters.corr_hits_runtime.load(Ordering::Relaxed),
+            );
+            domains = c.domains.at_raise(hits);
+        }
+        let before = now_ns();
+        if plan.depth != from.depth || domains != from.domains {
+            if let Err(e) = self.switch(api, c, plan.depth, domains) {
+                // Retried at every tick: said the first few times only.
+                if self.counters.switch_errors.fetch_add(1, Ordering::Relaxed) < 3 {
+                    say!("cannot switch to depth {}: {e}", plan.depth);
+                }
+            }
+        }
+        let after = now_ns();
+        let reason = plan.reason as u32;
+        if c.applied.depth != from.depth || reason != from.reason {
+            // A raise counts from when CUPTI was on, a lowering from before it went off.
+            let at = if c.applied.depth > from.depth {
+                after
+            } else {
+                before
+            };
+            c.applied.reason = reason;
+            self.record_depth(at, c.applied.depth, reason);
+        }
+        // Step markers wake the flusher at the next step boundary of the plan.
+        let wake_step = plan.wake_step.unwrap_or(u64::MAX);
+        self.wake_at_step.store(wake_step, Ordering::Relaxed);
+        if self.steps_ended.load(Ordering::Relaxed) >= wake_step {
+            // Reached while planning: look again at once.
+            return Some(after);
+        }
+        plan.wake_ns
+    }
+
+    /// The flusher's control tick: requests, plan, switch, publish. Returns when to look
+    /// again (ns), if before the next flush.
+    pub(crate) fn control_tick(&self) -> Option<u64> {
+        // Not tracing: the lock is left alone (`InitializeInjection` takes it on the driver's
+        // thread and must find it free).
+        let Some(api) = self.api.as_ref().filter(|_| self.tracing()) else {
+            self.publish_counters();
+            return None;
+        };
+        let mut c = self.control.lock().ok()?;
+        if !self.tracing() {
+            // Released meanwhile.
+            return None;
+        }
+        let o = self.observe();
+        if let Some(t) = &self.transport {
+            let word = t.header.control.load(Ordering::Acquire);
+            if let Some(r) = decode_depth_request(word) {
+                if r.generation != c.agent_generation {
+                    c.agent_generation = r.generation;
+                    c.planner.request(Reason::Agent, r.depth, r.duration, &o);
+                    t.header
+                        .control_ack
+                        .store(u64::from(r.generation), Ordering::Release);
+                }
+            }
+        }
+        if let Some(r) = decode_depth_request(self.script_request.load(Ordering::Acquire)) {
+            if r.generation != c.script_generation {
+                c.script_generation = r.generation;
+                c.planner.request(Reason::Script, r.depth, r.duration, &o);
+            }
+        }
+        let wake = self.apply_plan(api, &mut c, &o);
+        self.publish(&c);
+        wake
+    }
+
+    /// After tracing stopped (CUPTI released): nothing is traced until it starts again.
+    pub(crate) fn stopped(&self, c: &mut Control) {
+        c.applied = Applied {
+            depth: DEPTH_OFF,
+            reason: DEPTH_REASON_RELEASED,
+            domains: 0,
+        };
+        let o = self.observe();
+        c.planner.interrupted(&o);
+        self.record_depth(o.now_ns, DEPTH_OFF, DEPTH_REASON_RELEASED);
+        self.publish(c);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{cell::RefCell, ffi::c_char};
+
+    use super::*;
+    use crate::api::{BufferCompletedFn, BufferRequestedFn, CallbackFn, CuptiResult, TimestampFn};
+
+    thread_local! {
+        static CALLS: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+        static FAIL_ENABLE: RefCell<bool> = const { RefCell::new(false) };
+    }
+
+    fn log(s: String) {
+        CALLS.with(|c| c.borrow_mut().push(s));
+    }
+
+    fn take() -> Vec<String> {
+        CALLS.with(|c| std::mem::take(&mut *c.borrow_mut()))
+    }
+
+    unsafe extern "C" fn get_version(_: *mut u32) -> CuptiResult {
+        0
+    }
+    unsafe extern "C" fn result_string(_: CuptiResult, _: *mut *const c_char) -> CuptiResult {
+        1
+    }
+    unsafe extern "C" fn subscribe(
+        _: *mut *mut c_void,
+        _: CallbackFn,
+        _: *mut c_void,
+    ) -> CuptiResult {
+        0
+    }
+    unsafe extern "C" fn unsubscribe(_: *mut c_void) -> CuptiResult {
+        0
+    }
+    unsafe extern "C" fn enable_callback(
+        on: u32,
+        _: *mut c_void,
+        d: u32,
+        cbid: u32,
+    ) -> CuptiResult {
+        log(format!("cb{} {d}:{cbid}", if on == 1 { "+" } else { "-" }));
+        0
+    }
+    unsafe extern "C" fn enable_domain(_: u32, _: *mut c_void, _: u32) -> CuptiResult {
+        0
+    }
+    unsafe extern "C" fn activity_enable(k: u32) -> CuptiResult {
+        log(format!("enable {k}"));
+        if FAIL_ENABLE.with(|f| *f.borrow()) {
+            1
+        } else {
+            0
+        }
+    }
+    unsafe extern "C" fn activity_disable(k: u32) -> CuptiResult {
+        log(format!("disable {k}"));
+        0
+    }
+    unsafe extern "C" fn register_callbacks(
+        _: BufferRequestedFn,
+        _: BufferCompletedFn,
+    ) -> CuptiResult {
+        0
+    }
+    unsafe extern "C" fn register_timestamp(_: TimestampFn) -> CuptiResult {
+        0
+    }
+    unsafe extern "C" fn flush_all(_: u32) -> CuptiResult {
+        log("flush".into());
+        0
+    }
+    unsafe extern "C" fn next_record(_: *mut u8, _: usize, _: *mut *mut c_void) -> CuptiResult {
+        12
+    }
+    unsafe extern "C" fn dropped(_: *mut c_void, _: u32, _: *mut usize) -> CuptiResult {
+        0
+    }
+    unsafe extern "C" fn node_id(_: *mut c_void, _: *mut u64) -> CuptiResult {
+        0
+    }
+    unsafe extern "C" fn graph_id(_: *mut c_void, _: *mut u32) -> CuptiResult {
+        0
+    }
+
+    fn fake() -> Cupti {
+        Cupti {
+            cuptiGetVersion: get_version,
+            cuptiGetResultString: result_string,
+            cuptiSubscribe: subscribe,
+            cuptiUnsubscribe: unsubscribe,
+            cuptiEnableCallback: enable_callback,
+            cuptiEnableDomain: enable_domain,
+            cuptiActivityEnable: activity_enable,
+            cuptiActivityDisable: activity_disable,
+            cuptiActivityRegisterCallbacks: register_callbacks,
+            cuptiActivityRegisterTimestampCallback: register_timestamp,
+            cuptiActivityFlushAll: flush_all,
+            cuptiActivityGetNextRecord: next_record,
+            cuptiActivityGetNumDroppedRecords: dropped,
+            cuptiGetGraphNodeId: node_id,
+            cuptiGetGraphId: graph_id,
+        }
+    }
+
+    fn timing() -> Applied {
+        Applied {
+            depth: DEPTH_TIMING,
+            reason: 0,
+            domains: 0,
+        }
+    }
+
+    const SUB: *mut c_void = 8 as *mut c_void;
+
+    /// 0 → 1 → 2 → 0 makes exactly the calls the design says, in order.
+    #[test]
+    fn switching_calls_cupti_in_order() {
+        let api = fake();
+        let mut a = timing();
+        // SAFETY: a fake API; the subscriber is never dereferenced.
+        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_KERNELS, DRIVER) }.expect("raise");
+        assert_eq!(
+            take(),
+            [
+                "cb+ 1:307",
+                "cb+ 1:442",
+                "cb+ 1:652",
+                "cb+ 1:653",
+                "enable 10"
+            ],
+            "callbacks first, then kernel activity"
+        );
+        assert_eq!((a.depth, a.domains), (DEPTH_KERNELS, DRIVER));
+        // SAFETY: as above.
+        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_NODES, DRIVER) }.expect("nodes");
+        assert_eq!(take(), ["flush", "disable 51"]);
+        // Straight down to timing: graph-level tracing back on, flush before kernels go off,
+        // callbacks last.
+        // SAFETY: as above.
+        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_TIMING, DRIVER) }.expect("lower");
+        assert_eq!(
+            take(),
+            [
+                "flush",
+                "enable 51",
+                "flush",
+                "disable 10",
+                "cb- 1:307",
+                "cb- 1:442",
+                "cb- 1:652",
+                "cb- 1:653"
+            ]
+        );
+        assert_eq!(a, timing());
+    }
+
+    #[test]
+    fn domains_change_while_traced_and_activity_only_has_no_callbacks() {
+        let api = fake();
+        let mut a = timing();
+        // SAFETY: a fake API.
+        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_KERNELS, DRIVER | RUNTIME) }.expect("raise");
+        assert_eq!(take().len(), 9);
+        // SAFETY: as above.
+        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_KERNELS, RUNTIME) }.expect("narrow");
+        assert_eq!(take(), ["cb- 1:307", "cb- 1:442", "cb- 1:652", "cb- 1:653"]);
+        assert_eq!(a.domains, RUNTIME);
+        let mut b = timing();
+        // SAFETY: as above; no subscriber.
+        unsafe { switch_cupti(&api, std::ptr::null_mut(), &mut b, DEPTH_KERNELS, DRIVER) }
+            .expect("activity only");
+        assert_eq!(take(), ["enable 10"]);
+        assert_eq!((b.depth, b.domains), (DEPTH_KERNELS, 0));
+    }
+
+    #[test]
+    fn a_failed_enable_leaves_applied_where_it_got() {
+        let api = fake();
+        let mut a = timing();
+        FAIL_ENABLE.with(|f| *f.borrow_mut() = true);
+        // SAFETY: a fake API.
+        let r = unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_KERNELS, RUNTIME) };
+        FAIL_ENABLE.with(|f| *f.borrow_mut() = false);
+        let e = r.expect_err("enable fails");
+        assert!(e
+            .to_string()
+            .starts_with("cuptiActivityEnable(CONCURRENT_KERNEL) failed"));
+        assert_eq!((a.depth, a.domains), (DEPTH_TIMING, RUNTIME));
+        take();
+        // The next switch down removes the callbacks that went on.
+        // SAFETY: as above.
+        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_TIMING, RUNTIME) }.expect("lower");
+        assert_eq!(take(), ["cb- 2:211", "cb- 2:214", "cb- 2:430", "cb- 2:431"]);
+    }
+
+    #[test]
+    fn graph_launch_ids() {
+        assert!(is_graph_launch(DOMAIN_DRIVER, 514));
+        assert!(is_graph_launch(DOMAIN_RUNTIME, 312));
+        assert!(!is_graph_launch(DOMAIN_RUNTIME, 211));
+        assert!(!is_graph_launch(3, 514));
+    }
+}

@@ -1,0 +1,948 @@
+//! Tracing depth: which depth the shim should be at now, and when to look again. Pure logic
+//! (no CUPTI, no clock, no threads): the flusher thread feeds it what it observed and applies
+//! the answer, so every rule here is unit-tested without a GPU.
+//!
+//! Depths (`slo_probe_common::gpu::DEPTH_*`): 0 timing (step markers, graph launches at graph
+//! level, memcpy/memset, no per-kernel activity or launch callbacks), 1 kernels, 2 graph nodes.
+//! The shim runs at the highest of: its configured tier (`SLO_PROBE_DEPTH`, default 0), the
+//! agent's request, the script's request, and a duty-cycled sample window.
+//!
+//! Sample windows keep the always-on tier's cost within a budget (default 0.5% of step time):
+//! every `period` steps kernels are traced for `window` complete steps. The period follows from
+//! what the last windows cost (the shim's callback time, the estimated CUPTI cost of each kernel
+//! launched, the switching), the step time outside windows, and the depth-0 cost between
+//! windows: `period = cost_of_a_window / ((budget − depth-0 share) × step_time)`. A process that
+//! marks no steps is sampled by time instead (`window` ms every `period` ms). The first window
+//! comes early (step 10, or 2 s) so that baselines form quickly.
+
+use slo_probe_common::{
+    gpu::{
+        DEPTH_KERNELS, DEPTH_NODES, DEPTH_REASON_AGENT, DEPTH_REASON_DEFAULT, DEPTH_REASON_SAMPLE,
+        DEPTH_REASON_SCRIPT, DEPTH_TIMING,
+    },
+    ring::{DepthDuration, ShimDepth, SHIM_COST_PER_KERNEL_RECORD_NS},
+};
+
+const MS: u64 = 1_000_000;
+const SEC: u64 = 1_000 * MS;
+/// Longest sampling period in steps and in time.
+const MAX_PERIOD_STEPS: u64 = 1_000_000;
+const MAX_PERIOD_NS: u64 = 600 * SEC;
+/// Windows start at most once a second.
+const MIN_PERIOD_NS: u64 = SEC;
+/// Share of the budget the planner aims at.
+const SAFETY: f64 = 0.8;
+/// Markers older than this (and 20 step times) mean the script stopped marking steps.
+const MARKERS_STALE_NS: u64 = 10 * SEC;
+
+/// Why the shim is at its depth (the `DEPTH_REASON_*` of the ABI).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// The configured tier.
+    Default = DEPTH_REASON_DEFAULT as isize,
+    /// A sample window.
+    Sample = DEPTH_REASON_SAMPLE as isize,
+    /// The script asked.
+    Script = DEPTH_REASON_SCRIPT as isize,
+    /// The agent asked.
+    Agent = DEPTH_REASON_AGENT as isize,
+}
+
+impl Reason {
+    /// Which reason is reported when several ask for the same depth.
+    const fn rank(self) -> u8 {
+        match self {
+            Self::Default => 0,
+            Self::Sample => 1,
+            Self::Script => 2,
+            Self::Agent => 3,
+        }
+    }
+}
+
+/// Which API domains' kernel-launch callbacks stamp launches (`SLO_PROBE_LAUNCH_DOMAIN`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LaunchDomains {
+    /// Both in a probe window now and then; the domains whose stamps kernel records matched in
+    /// between.
+    Auto,
+    /// The driver API (`cuLaunchKernel`: Triton/Inductor launch here directly).
+    Driver,
+    /// The runtime API (`cudaLaunchKernel`: eager PyTorch).
+    Runtime,
+    /// Both.
+    Both,
+}
+
+/// Bit of a domain mask: the driver API.
+pub const DRIVER: u32 = 1;
+/// Bit of a domain mask: the runtime API.
+pub const RUNTIME: u32 = 2;
+
+/// The shim's depth settings, from the environment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// Depth when nothing else asks (`SLO_PROBE_DEPTH`: 0/timing, 1/kernels, 2/nodes; default
+    /// 0; `SLO_PROBE_DIAGNOSTIC=1` means 2).
+    pub base: u32,
+    /// Sample windows on (`SLO_PROBE_SAMPLE=0` turns them off; only at base depth 0).
+    pub sampling: bool,
+    /// Complete steps per window (`SLO_PROBE_SAMPLE_STEPS`, default 5).
+    pub window_steps: u64,
+    /// Fixed period in steps (`SLO_PROBE_SAMPLE_EVERY`; default: from the measured cost).
+    pub every_steps: Option<u64>,
+    /// Window length without step markers (`SLO_PROBE_SAMPLE_MS`, default 100).
+    pub window_ms: u64,
+    /// Fixed period in ms without step markers (`SLO_PROBE_SAMPLE_EVERY_MS`).
+    pub every_ms: Option<u64>,
+    /// Budget as a fraction of step time (`SLO_PROBE_SAMPLE_BUDGET_PCT`, default 0.5 %).
+    pub budget: f64,
+    /// Estimated CUPTI cost per kernel record, ns (`SLO_PROBE_RECORD_COST_NS`).
+    pub record_cost_ns: u64,
+    /// Step (end markers counted from the start) at which the first window opens
+    /// (`SLO_PROBE_SAMPLE_FIRST_STEP`, default 10).
+    pub first_window_step: u64,
+    /// Without markers, when the first window opens after tracing starts, ms (default 2000).
+    pub first_window_ms: u64,
+    /// Kernel-launch callback domains (`SLO_PROBE_LAUNCH_DOMAIN`: auto, driver, runtime, both;
+    /// default auto).
+    pub domains: LaunchDomains,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            base: DEPTH_TIMING,
+            sampling: true,
+            window_steps: 5,
+            every_steps: None,
+            window_ms: 100,
+            every_ms: None,
+            budget: 0.005,
+            record_cost_ns: SHIM_COST_PER_KERNEL_RECORD_NS,
+            first_window_step: 10,
+            first_window_ms: 2_000,
+            domains: LaunchDomains::Auto,
+        }
+    }
+}
+
+/// Parses a depth: 0/1/2 or timing/kernels/nodes.
+pub fn parse_depth(v: &str) -> Option<u32> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "0" | "timing" => Some(DEPTH_TIMING),
+        "1" | "kernels" => Some(DEPTH_KERNELS),
+        "2" | "nodes" => Some(DEPTH_NODES),
+        _ => None,
+    }
+}
+
+impl Config {
+    /// The settings from environment variables read through `get`; a value that does not parse
+    /// keeps the default and is reported in the returned list of `(variable, value)`.
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> (Self, Vec<(String, String)>) {
+        let mut c = Self::default();
+        let mut bad = Vec::new();
+        let mut num = |name: &str, min: u64, max: u64| -> Option<u64> {
+            let v = get(name)?;
+            match v.trim().parse::<u64>() {
+                Ok(n) if (min..=max).contains(&n) => Some(n),
+                _ => {
+                    bad.push((name.to_owned(), v));
+                    None
+                }
+            }
+        };
+        c.window_steps = num("SLO_PROBE_SAMPLE_STEPS", 1, 10_000).unwrap_or(c.window_steps);
+        c.every_steps = num("SLO_PROBE_SAMPLE_EVERY", 2, MAX_PERIOD_STEPS);
+        c.window_ms = num("SLO_PROBE_SAMPLE_MS", 1, 60_000).unwrap_or(c.window_ms);
+        c.every_ms = num("SLO_PROBE_SAMPLE_EVERY_MS", 2, MAX_PERIOD_NS / MS);
+        c.record_cost_ns =
+            num("SLO_PROBE_RECORD_COST_NS", 0, 1_000_000).unwrap_or(c.record_cost_ns);
+        c.first_window_step =
+            num("SLO_PROBE_SAMPLE_FIRST_STEP", 0, MAX_PERIOD_STEPS).unwrap_or(c.first_window_step);
+        if let Some(v) = get("SLO_PROBE_SAMPLE_BUDGET_PCT") {
+            match v.trim().parse::<f64>() {
+                Ok(p) if p > 0.0 && p <= 100.0 => c.budget = p / 100.0,
+                _ => bad.push(("SLO_PROBE_SAMPLE_BUDGET_PCT".into(), v)),
+            }
+        }
+        let flag = |v: &str| v == "1" || v.eq_ignore_ascii_case("true");
+        if get("SLO_PROBE_DIAGNOSTIC").is_some_and(|v| flag(&v)) {
+            c.base = DEPTH_NODES;
+        }
+        if let Some(v) = get("SLO_PROBE_DEPTH") {
+            match parse_depth(&v) {
+                Some(d) => c.base = d,
+                None => bad.push(("SLO_PROBE_DEPTH".into(), v)),
+            }
+        }
+        if let Some(v) = get("SLO_PROBE_SAMPLE") {
+            c.sampling = !(v == "0" || v.eq_ignore_ascii_case("false"));
+        }
+        if let Some(v) = get("SLO_PROBE_LAUNCH_DOMAIN") {
+            c.domains = match v.trim().to_ascii_lowercase().as_str() {
+                "auto" => LaunchDomains::Auto,
+                "driver" => LaunchDomains::Driver,
+                "runtime" => LaunchDomains::Runtime,
+                "both" => LaunchDomains::Both,
+                _ => {
+                    bad.push(("SLO_PROBE_LAUNCH_DOMAIN".into(), v));
+                    c.domains
+                }
+            };
+        }
+        (c, bad)
+    }
+}
+
+/// What the flusher saw, all cumulative since the shim started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Observed {
+    /// CLOCK_MONOTONIC ns.
+    pub now_ns: u64,
+    /// Step end markers.
+    pub steps: u64,
+    /// When the last step ended (0: never).
+    pub last_step_ns: u64,
+    /// Time inside the shim's callbacks on launching threads, ns.
+    pub callback_ns: u64,
+    /// Kernel-launch callbacks.
+    pub kernel_launches: u64,
+    /// Kernel records delivered.
+    pub kernel_records: u64,
+    /// Time the flusher spent switching CUPTI, ns.
+    pub toggle_ns: u64,
+}
+
+/// The depth wanted now and when to be asked again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// `DEPTH_*`.
+    pub depth: u32,
+    /// Why.
+    pub reason: Reason,
+    /// Ask again when this many steps have ended.
+    pub wake_step: Option<u64>,
+    /// Ask again at this time (ns).
+    pub wake_ns: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Until {
+    Forever,
+    /// Steps ended ≥ this, or the time cap passed (markers may stop).
+    Steps(u64, u64),
+    Ns(u64),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Request {
+    depth: u32,
+    until: Until,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Next {
+    Step(u64),
+    Ns(u64),
+}
+
+/// An open sample window and what was observed when it opened.
+#[derive(Clone, Copy, Debug)]
+struct Window {
+    at: Observed,
+    /// Opened by time (no markers).
+    millis: bool,
+}
+
+/// The depth state machine.
+#[derive(Debug)]
+pub struct Planner {
+    cfg: Config,
+    agent: Option<Request>,
+    script: Option<Request>,
+    window: Option<Window>,
+    next: Option<Next>,
+    millis: bool,
+    /// Smoothed cost of one window, ns.
+    window_cost_ns: Option<f64>,
+    /// Smoothed step time outside windows, ns.
+    step_ns: Option<f64>,
+    /// Smoothed depth-0 cost as a share of wall time.
+    base_share: f64,
+    /// When the last window closed (for the depth-0 share).
+    quiet_since: Option<Observed>,
+    /// Current period (steps, or ms in time mode); 0 until known.
+    period: u64,
+    windows: u64,
+}
+
+impl Planner {
+    /// A planner with `cfg`, tracing from `now_ns`.
+    pub fn new(cfg: Config, now_ns: u64) -> Self {
+        let next = Some(Next::Ns(now_ns + cfg.first_window_ms * MS));
+        let period = cfg.every_ms.unwrap_or(0);
+        Self {
+            cfg,
+            agent: None,
+            script: None,
+            window: None,
+            next,
+            millis: true,
+            window_cost_ns: None,
+            step_ns: None,
+            base_share: 0.0,
+            quiet_since: None,
+            period,
+            windows: 0,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Sample windows opened so far.
+    pub fn windows(&self) -> u64 {
+        self.windows
+    }
+
+    fn sampling(&self) -> bool {
+        self.cfg.sampling && self.cfg.base == DEPTH_TIMING
+    }
+
+    /// A request from the agent or the script (`who` is [`Reason::Agent`] or
+    /// [`Reason::Script`]): `depth` for `duration`; depth 0 withdraws that source's request.
+    pub fn request(&mut self, who: Reason, depth: u32, duration: DepthDuration, o: &Observed) {
+        let req = (depth > DEPTH_TIMING).then(|| {
+            let depth = depth.min(DEPTH_NODES);
+            let until = match duration {
+                DepthDuration::UntilNext => Until::Forever,
+                DepthDuration::Tenths(n) => Until::Ns(o.now_ns + u64::from(n) * 100 * MS),
+                DepthDuration::Steps(n) if self.millis => {
+                    Until::Ns(o.now_ns + u64::from(n) * 100 * MS)
+                }
+                DepthDuration::Steps(n) => {
+                    let step = self.step_ns.map_or(100 * MS, |s| s as u64).max(100 * MS);
+                    let cap = o.now_ns + u64::from(n) * 4 * step + 10 * SEC;
+                    // +1: the step running now is not complete.
+                    Until::Steps(o.steps + u64::from(n) + 1, cap)
+                }
+            };
+            Request { depth, until }
+        });
+        match who {
+            Reason::Agent => self.agent = req,
+            _ => self.script = req,
+        }
+    }
+
+    /// Where the shim publishes its duty cycle (depth and reason filled by the caller).
+    pub fn published(&self) -> ShimDepth {
+        let sampling = self.sampling();
+        let (window, period) = match (sampling, self.millis) {
+            (false, _) => (0, 0),
+            (true, true) => (self.cfg.window_ms, self.period),
+            (true, false) => (self.cfg.window_steps, self.period),
+        };
+        ShimDepth {
+            depth: 0,
+            reason: 0,
+            window: window.min(u64::from(u32::MAX)) as u32,
+            period: period.min(u64::from(u32::MAX)) as u32,
+            millis: self.millis,
+        }
+    }
+
+    /// Forgets an open window (tracing stopped: CUPTI was handed to another tool). The next
+    /// window keeps its schedule; one that comes due meanwhile opens when tracing resumes.
+    pub fn interrupted(&mut self, o: &Observed) {
+        self.window = None;
+        self.quiet_since = Some(*o);
+        if self.next.is_none() {
+            self.schedule_next(o, None);
+        }
+    }
+
+    fn markers_live(&self, o: &Observed) -> bool {
+        let stale = self
+            .step_ns
+            .map_or(MARKERS_STALE_NS, |s| (20.0 * s) as u64)
+            .max(MARKERS_STALE_NS);
+        o.steps > 0 && o.last_step_ns > 0 && o.now_ns.saturating_sub(o.last_step_ns) < stale
+    }
+
+    fn expired(r: &Request, o: &Observed) -> bool {
+        match r.until {
+            Until::Forever => false,
+            Until::Steps(s, cap) => o.steps >= s || o.now_ns >= cap,
+            Until::Ns(t) => o.now_ns >= t,
+        }
+    }
+
+    /// The next window start: one period after `from` (the window that just opened or
+    /// closed), or, before any window of this mode was measured, the first one (step
+    /// `first_window_step`, or `first_window_ms` from now).
+    fn schedule_next(&mut self, o: &Observed, from: Option<&Observed>) {
+        let measured = self.window_cost_ns.is_some() && self.period > 0;
+        self.next = Some(match (self.millis, measured) {
+            (true, true) => {
+                let start = from.map_or(o.now_ns, |f| f.now_ns);
+                Next::Ns((start + self.period * MS).max(o.now_ns + 1))
+            }
+            (true, false) => Next::Ns(o.now_ns + self.cfg.first_window_ms * MS),
+            (false, true) => {
+                let start = from.map_or(o.steps, |f| f.steps);
+                Next::Step((start + self.period).max(o.steps + 1))
+            }
+            (false, false) => Next::Step(self.cfg.first_window_step.max(o.steps + 1)),
+        });
+    }
+
+    /// Closes the open window: measures its cost and sets the period.
+    fn close_window(&mut self, w: Window, o: &Observed) {
+        self.window = None;
+        let cost = o.callback_ns.saturating_sub(w.at.callback_ns) as f64
+            + o.kernel_launches
+                .saturating_sub(w.at.kernel_launches)
+                .max(o.kernel_records.saturating_sub(w.at.kernel_records)) as f64
+                * self.cfg.record_cost_ns as f64
+            // The lowering that follows is assumed to cost what the raise did.
+            + 2.0 * o.toggle_ns.saturating_sub(w.at.toggle_ns) as f64;
+        let smooth = |old: Option<f64>, new: f64| Some(old.map_or(new, |v| 0.5 * v + 0.5 * new));
+        self.window_cost_ns = smooth(self.window_cost_ns, cost);
+        let cost = self.window_cost_ns.unwrap_or(cost);
+        // Aim at 80% of what is left: the CUPTI part of the cost is an estimate.
+        let left = (self.cfg.budget - self.base_share).max(self.cfg.budget / 4.0) * SAFETY;
+        if w.millis {
+            let period_ns = (cost / left).ceil() as u64;
+            let min = (4 * self.cfg.window_ms * MS).max(MIN_PERIOD_NS);
+            let p = period_ns.max(min).min(MAX_PERIOD_NS.max(min)) / MS;
+            self.period = self.cfg.every_ms.unwrap_or(p);
+        } else {
+            let steps = o.steps.saturating_sub(w.at.steps);
+            let span = o.last_step_ns.saturating_sub(w.at.last_step_ns) as f64;
+            if steps > 0 && span > 0.0 {
+                // Step time without the shim: the window's steps less what the shim took.
+                let s0 = (span - cost).max(span / 2.0) / steps as f64;
+                self.step_ns = smooth(self.step_ns, s0);
+            }
+            let s0 = self.step_ns.unwrap_or(MS as f64).max(1_000.0);
+            let p = (cost / (left * s0)).ceil() as u64;
+            let min = (4 * (self.cfg.window_steps + 1))
+                .max((MIN_PERIOD_NS as f64 / s0).ceil() as u64)
+                .min(MAX_PERIOD_STEPS);
+            let max = ((MAX_PERIOD_NS as f64 / s0) as u64).clamp(min, MAX_PERIOD_STEPS);
+            let p = p.max(min).min(max);
+            self.period = self
+                .cfg
+                .every_steps
+                .map_or(p, |e| e.max(self.cfg.window_steps + 2));
+        }
+        self.quiet_since = Some(*o);
+        self.schedule_next(o, Some(&w.at));
+    }
+
+    /// The depth wanted now.
+    pub fn plan(&mut self, o: &Observed) -> Plan {
+        for r in [&mut self.agent, &mut self.script] {
+            if r.is_some_and(|r| Self::expired(&r, o)) {
+                *r = None;
+            }
+        }
+        // Steps or time: follow whether the script marks steps.
+        let millis = !self.markers_live(o);
+        if millis != self.millis {
+            self.millis = millis;
+            self.window = None;
+            self.period = if millis {
+                self.cfg.every_ms.unwrap_or(0)
+            } else {
+                self.cfg.every_steps.unwrap_or(0)
+            };
+            self.window_cost_ns = None;
+            self.schedule_next(o, None);
+        }
+        let requested = self
+            .agent
+            .map_or(0, |r| r.depth)
+            .max(self.script.map_or(0, |r| r.depth));
+        if self.sampling() {
+            if let Some(w) = self.window {
+                let done = if w.millis {
+                    o.now_ns >= w.at.now_ns + self.cfg.window_ms * MS
+                } else {
+                    // W complete steps: the step running when the window opened is not one.
+                    o.steps > w.at.steps + self.cfg.window_steps
+                };
+                if requested > DEPTH_TIMING {
+                    // A request took over: this window measures nothing.
+                    self.window = None;
+                    self.schedule_next(o, Some(&w.at));
+                } else if done {
+                    self.close_window(w, o);
+                }
+            } else {
+                let due = match self.next {
+                    Some(Next::Step(s)) => o.steps >= s,
+                    Some(Next::Ns(t)) => o.now_ns >= t,
+                    None => false,
+                };
+                // A window that comes due while a request holds the depth waits for its end
+                // (the request traces kernels anyway), so that windows keep their average rate.
+                if due && requested == DEPTH_TIMING {
+                    if let Some(q) = self.quiet_since {
+                        let wall = o.now_ns.saturating_sub(q.now_ns);
+                        if wall > 0 {
+                            let share =
+                                o.callback_ns.saturating_sub(q.callback_ns) as f64 / wall as f64;
+                            self.base_share = 0.5 * self.base_share + 0.5 * share;
+                        }
+                    }
+                    self.window = Some(Window {
+                        at: *o,
+                        millis: self.millis,
+                    });
+                    self.windows += 1;
+                }
+            }
+        }
+        let candidates = [
+            (self.cfg.base, Reason::Default),
+            (
+                if self.window.is_some() {
+                    DEPTH_KERNELS
+                } else {
+                    DEPTH_TIMING
+                },
+                Reason::Sample,
+            ),
+            (self.script.map_or(0, |r| r.depth), Reason::Script),
+            (self.agent.map_or(0, |r| r.depth), Reason::Agent),
+        ];
+        let (depth, reason) = candidates
+            .into_iter()
+            .filter(|&(d, r)| d > DEPTH_TIMING || r == Reason::Default)
+            .max_by_key(|&(d, r)| (d, r.rank()))
+            .unwrap_or((self.cfg.base, Reason::Default));
+        // When to look again.
+        let mut wake_step: Option<u64> = None;
+        let mut wake_ns: Option<u64> = None;
+        let mut at_step = |s: u64| wake_step = Some(wake_step.map_or(s, |w| w.min(s)));
+        let mut at_ns = |t: u64| wake_ns = Some(wake_ns.map_or(t, |w| w.min(t)));
+        if self.millis && o.steps == 0 {
+            // The first step marker switches sampling to steps at once.
+            at_step(1);
+        }
+        if self.sampling() {
+            match (self.window, self.next) {
+                (Some(w), _) if w.millis => at_ns(w.at.now_ns + self.cfg.window_ms * MS),
+                (Some(w), _) => at_step(w.at.steps + self.cfg.window_steps + 1),
+                // Due but held by a request: the request's end wakes the planner.
+                (None, Some(Next::Step(s))) if s > o.steps => at_step(s),
+                (None, Some(Next::Ns(t))) if t > o.now_ns => at_ns(t),
+                (None, _) => {}
+            }
+        }
+        for r in [self.agent, self.script].into_iter().flatten() {
+            match r.until {
+                Until::Forever => {}
+                Until::Steps(s, cap) => {
+                    at_step(s);
+                    at_ns(cap);
+                }
+                Until::Ns(t) => at_ns(t),
+            }
+        }
+        Plan {
+            depth,
+            reason,
+            wake_step,
+            wake_ns,
+        }
+    }
+}
+
+/// Chooses the kernel-launch callback domains in [`LaunchDomains::Auto`]: both during a probe
+/// window, then the domains whose stamps kernel records of that window matched; a new probe
+/// every [`DomainChooser::REPROBE_EVERY`] raises (kernels launched through another API may
+/// appear later, e.g. after torch.compile).
+#[derive(Debug, Clone)]
+pub struct DomainChooser {
+    mode: LaunchDomains,
+    state: Choice,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Choice {
+    /// Probing with both; the hits per domain when the probe window opened.
+    Probing(Option<(u64, u64)>),
+    /// These domains, for this many raises so far.
+    Chosen(u32, u32),
+}
+
+impl DomainChooser {
+    /// Raises between two probes.
+    pub const REPROBE_EVERY: u32 = 32;
+
+    /// A chooser for `mode`.
+    pub fn new(mode: LaunchDomains) -> Self {
+        Self {
+            mode,
+            state: Choice::Probing(None),
+        }
+    }
+
+    /// The domains to enable for kernels now, as kernel tracing is raised; `hits` are the
+    /// cumulative correlation hits of kernel records stamped by (driver, runtime) callbacks.
+    pub fn at_raise(&mut self, hits: (u64, u64)) -> u32 {
+        match self.mode {
+            LaunchDomains::Driver => return DRIVER,
+            LaunchDomains::Runtime => return RUNTIME,
+            LaunchDomains::Both => return DRIVER | RUNTIME,
+            LaunchDomains::Auto => {}
+        }
+        let (state, mask) = match self.state {
+            Choice::Probing(Some(from)) => {
+                let d = hits.0.saturating_sub(from.0);
+                let r = hits.1.saturating_sub(from.1);
+                if d + r == 0 {
+                    // The probe saw no kernels: probe again.
+                    (Choice::Probing(Some(hits)), DRIVER | RUNTIME)
+                } else {
+                    let m = if d > 0 { DRIVER } else { 0 } | if r > 0 { RUNTIME } else { 0 };
+                    (Choice::Chosen(m, 1), m)
+                }
+            }
+            Choice::Chosen(m, n) if n < Self::REPROBE_EVERY => (Choice::Chosen(m, n + 1), m),
+            Choice::Probing(None) | Choice::Chosen(..) => {
+                (Choice::Probing(Some(hits)), DRIVER | RUNTIME)
+            }
+        };
+        self.state = state;
+        mask
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let v: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| v.iter().find(|(n, _)| n == k).map(|(_, x)| x.clone())
+    }
+
+    #[test]
+    fn config_from_env() {
+        let (c, bad) = Config::from_env(env(&[]));
+        assert_eq!((c, bad.len()), (Config::default(), 0));
+        let (c, bad) = Config::from_env(env(&[
+            ("SLO_PROBE_DEPTH", "kernels"),
+            ("SLO_PROBE_SAMPLE_EVERY", "200"),
+            ("SLO_PROBE_SAMPLE_STEPS", "3"),
+            ("SLO_PROBE_SAMPLE_BUDGET_PCT", "1"),
+            ("SLO_PROBE_LAUNCH_DOMAIN", "runtime"),
+            ("SLO_PROBE_SAMPLE_MS", "x"),
+        ]));
+        assert_eq!(c.base, DEPTH_KERNELS);
+        assert_eq!((c.every_steps, c.window_steps), (Some(200), 3));
+        assert!((c.budget - 0.01).abs() < 1e-12);
+        assert_eq!(c.domains, LaunchDomains::Runtime);
+        assert_eq!(c.window_ms, 100);
+        assert_eq!(bad, [("SLO_PROBE_SAMPLE_MS".to_string(), "x".to_string())]);
+        let (c, _) = Config::from_env(env(&[("SLO_PROBE_DIAGNOSTIC", "1")]));
+        assert_eq!(c.base, DEPTH_NODES);
+        let (c, _) = Config::from_env(env(&[("SLO_PROBE_SAMPLE", "0")]));
+        assert!(!c.sampling);
+    }
+
+    /// A simulated launch-bound job: 400 kernels per 8 ms step; with kernels traced each launch
+    /// costs the shim 0.7 µs in its callback and CUPTI 1.5 µs (≈ +11% per step, as measured on
+    /// the H200). The planner keeps the average under the 0.5% budget, opens the first window
+    /// at step 10, and samples regularly.
+    struct Job {
+        o: Observed,
+        step_ns: u64,
+        kernels: u64,
+        callback_per_launch: u64,
+        cupti_per_launch: u64,
+        extra_ns: u64,
+        total_ns: u64,
+        sampled: u64,
+    }
+
+    impl Job {
+        fn new(step_ns: u64, kernels: u64) -> Self {
+            Self {
+                o: Observed {
+                    now_ns: SEC,
+                    ..Default::default()
+                },
+                step_ns,
+                kernels,
+                callback_per_launch: 700,
+                cupti_per_launch: 1_500,
+                extra_ns: 0,
+                total_ns: 0,
+                sampled: 0,
+            }
+        }
+
+        /// Runs one step at `depth`.
+        fn step(&mut self, depth: u32) {
+            let mut t = self.step_ns;
+            if depth >= DEPTH_KERNELS {
+                let cb = self.kernels * self.callback_per_launch;
+                let extra = cb + self.kernels * self.cupti_per_launch;
+                t += extra;
+                self.extra_ns += extra;
+                self.o.callback_ns += cb;
+                self.o.kernel_launches += self.kernels;
+                self.o.kernel_records += self.kernels;
+                self.sampled += 1;
+            }
+            self.total_ns += t;
+            self.o.now_ns += t;
+            self.o.steps += 1;
+            self.o.last_step_ns = self.o.now_ns;
+        }
+    }
+
+    /// Drives a planner as the flusher does: asks at every wake step or time, and at least every
+    /// 200 ms.
+    fn run(job: &mut Job, p: &mut Planner, steps: u64) -> Vec<(u64, u32)> {
+        let mut changes = Vec::new();
+        let mut plan = p.plan(&job.o);
+        let mut last_tick = job.o.now_ns;
+        for _ in 0..steps {
+            job.step(plan.depth);
+            let tick = job.o.now_ns >= last_tick + 200 * MS;
+            let woke = plan.wake_step.is_some_and(|s| job.o.steps >= s)
+                || plan.wake_ns.is_some_and(|t| job.o.now_ns >= t);
+            if tick || woke {
+                last_tick = job.o.now_ns;
+                let before = plan.depth;
+                plan = p.plan(&job.o);
+                if plan.depth != before {
+                    changes.push((job.o.steps, plan.depth));
+                }
+            }
+        }
+        changes
+    }
+
+    #[test]
+    fn launch_bound_job_stays_within_budget() {
+        let mut job = Job::new(8 * MS, 400);
+        let mut p = Planner::new(Config::default(), job.o.now_ns);
+        let changes = run(&mut job, &mut p, 100_000);
+        let share = job.extra_ns as f64 / (job.total_ns - job.extra_ns) as f64;
+        assert!(share <= 0.005, "overhead {share:.4} over budget");
+        assert!(
+            share >= 0.003,
+            "overhead {share:.4}: sampling far less than the budget allows"
+        );
+        // The first window opens at step 10 and lasts 5 complete steps (6 step ends).
+        assert_eq!(changes[0], (10, DEPTH_KERNELS));
+        assert_eq!(changes[1], (16, DEPTH_TIMING));
+        // Windows keep coming: one every ~165 steps (6 traced steps × 0.88 ms / (80% of 0.5% ×
+        // 8 ms)).
+        let pub_ = p.published();
+        assert!(!pub_.millis);
+        assert!((150..=175).contains(&pub_.period), "period {}", pub_.period);
+        assert!(job.sampled > 3_000, "{} sampled steps", job.sampled);
+    }
+
+    #[test]
+    fn gpu_bound_and_cheap_jobs_sample_more_often_but_not_faster_than_a_second() {
+        // 100 kernels per 10 ms step: cost ~2% per traced step.
+        let mut job = Job::new(10 * MS, 100);
+        let mut p = Planner::new(Config::default(), job.o.now_ns);
+        run(&mut job, &mut p, 50_000);
+        let share = job.extra_ns as f64 / (job.total_ns - job.extra_ns) as f64;
+        assert!(share <= 0.005, "{share}");
+        // 1 ms steps with 2 kernels: a window costs almost nothing; at most one a second.
+        let mut job = Job::new(MS, 2);
+        let mut p = Planner::new(Config::default(), job.o.now_ns);
+        run(&mut job, &mut p, 50_000);
+        assert!(p.published().period >= 1_000, "{:?}", p.published());
+    }
+
+    #[test]
+    fn fixed_period_from_env() {
+        let cfg = Config {
+            every_steps: Some(50),
+            ..Config::default()
+        };
+        let mut job = Job::new(8 * MS, 400);
+        let mut p = Planner::new(cfg, job.o.now_ns);
+        let changes = run(&mut job, &mut p, 1_000);
+        let starts: Vec<u64> = changes
+            .iter()
+            .filter(|c| c.1 == DEPTH_KERNELS)
+            .map(|c| c.0)
+            .collect();
+        assert_eq!(&starts[..4], [10, 60, 110, 160]);
+    }
+
+    #[test]
+    fn requests_win_and_expire() {
+        let mut job = Job::new(8 * MS, 400);
+        let cfg = Config {
+            sampling: false,
+            ..Config::default()
+        };
+        let mut p = Planner::new(cfg, job.o.now_ns);
+        run(&mut job, &mut p, 20);
+        assert_eq!(p.plan(&job.o).depth, DEPTH_TIMING);
+        p.request(Reason::Agent, DEPTH_NODES, DepthDuration::Steps(20), &job.o);
+        p.request(
+            Reason::Script,
+            DEPTH_KERNELS,
+            DepthDuration::UntilNext,
+            &job.o,
+        );
+        let plan = p.plan(&job.o);
+        assert_eq!((plan.depth, plan.reason), (DEPTH_NODES, Reason::Agent));
+        assert_eq!(plan.wake_step, Some(job.o.steps + 21));
+        run(&mut job, &mut p, 21);
+        let plan = p.plan(&job.o);
+        assert_eq!((plan.depth, plan.reason), (DEPTH_KERNELS, Reason::Script));
+        p.request(
+            Reason::Script,
+            DEPTH_TIMING,
+            DepthDuration::UntilNext,
+            &job.o,
+        );
+        let plan = p.plan(&job.o);
+        assert_eq!((plan.depth, plan.reason), (DEPTH_TIMING, Reason::Default));
+        // 100 ms units.
+        p.request(
+            Reason::Agent,
+            DEPTH_KERNELS,
+            DepthDuration::Tenths(5),
+            &job.o,
+        );
+        assert_eq!(p.plan(&job.o).wake_ns, Some(job.o.now_ns + 500 * MS));
+        job.o.now_ns += 500 * MS;
+        assert_eq!(p.plan(&job.o).depth, DEPTH_TIMING);
+    }
+
+    #[test]
+    fn a_request_during_a_window_takes_over_without_measuring() {
+        let mut job = Job::new(8 * MS, 400);
+        let mut p = Planner::new(Config::default(), job.o.now_ns);
+        run(&mut job, &mut p, 12);
+        assert_eq!(p.plan(&job.o).reason, Reason::Sample);
+        p.request(
+            Reason::Agent,
+            DEPTH_KERNELS,
+            DepthDuration::Steps(3),
+            &job.o,
+        );
+        let plan = p.plan(&job.o);
+        assert_eq!((plan.depth, plan.reason), (DEPTH_KERNELS, Reason::Agent));
+        assert_eq!(p.published().period, 0, "no window was measured");
+    }
+
+    #[test]
+    fn a_window_due_during_a_request_opens_when_it_ends() {
+        let cfg = Config {
+            every_steps: Some(50),
+            ..Config::default()
+        };
+        let mut job = Job::new(8 * MS, 400);
+        let mut p = Planner::new(cfg, job.o.now_ns);
+        run(&mut job, &mut p, 55);
+        // The script holds kernels from step 55 to 66; the window due at 60 waits.
+        p.request(
+            Reason::Script,
+            DEPTH_KERNELS,
+            DepthDuration::Steps(10),
+            &job.o,
+        );
+        let changes = run(&mut job, &mut p, 20);
+        let plan = p.plan(&job.o);
+        assert_eq!(plan.reason, Reason::Default, "{changes:?}");
+        assert_eq!(p.windows(), 2, "the deferred window opened");
+        // Released for a while: a window due meanwhile opens when tracing resumes.
+        p.interrupted(&job.o);
+        job.o.steps += 60;
+        job.o.now_ns += 60 * 8 * MS;
+        job.o.last_step_ns = job.o.now_ns;
+        assert_eq!(p.plan(&job.o).reason, Reason::Sample);
+    }
+
+    #[test]
+    fn base_depth_disables_sampling() {
+        let cfg = Config {
+            base: DEPTH_KERNELS,
+            ..Config::default()
+        };
+        let mut job = Job::new(8 * MS, 400);
+        let mut p = Planner::new(cfg, job.o.now_ns);
+        let changes = run(&mut job, &mut p, 1_000);
+        assert!(changes.is_empty());
+        assert_eq!(job.sampled, 1_000);
+        assert_eq!(p.published().period, 0);
+        assert_eq!(p.plan(&job.o).reason, Reason::Default);
+    }
+
+    #[test]
+    fn without_markers_windows_are_timed() {
+        let mut o = Observed {
+            now_ns: SEC,
+            ..Default::default()
+        };
+        let mut p = Planner::new(Config::default(), o.now_ns);
+        let plan = p.plan(&o);
+        assert_eq!(plan.depth, DEPTH_TIMING);
+        assert_eq!(plan.wake_ns, Some(3 * SEC));
+        o.now_ns = 3 * SEC;
+        let plan = p.plan(&o);
+        assert_eq!((plan.depth, plan.reason), (DEPTH_KERNELS, Reason::Sample));
+        assert_eq!(plan.wake_ns, Some(3 * SEC + 100 * MS));
+        // 100 ms of a launch-bound job: 5000 launches, 11 ms of cost.
+        o.now_ns += 100 * MS;
+        o.callback_ns += 5_000 * 700;
+        o.kernel_launches += 5_000;
+        let plan = p.plan(&o);
+        assert_eq!(plan.depth, DEPTH_TIMING);
+        let pub_ = p.published();
+        assert!(pub_.millis);
+        // 11 ms / (80% of 0.5%) = 2.75 s.
+        assert_eq!(pub_.period, 2_750);
+        assert_eq!(plan.wake_ns, Some(3 * SEC + 2_750 * MS));
+        // Markers appear: sampling switches to steps.
+        o.steps = 1;
+        o.last_step_ns = o.now_ns;
+        let plan = p.plan(&o);
+        assert!(!p.published().millis);
+        assert_eq!(plan.wake_step, Some(10));
+    }
+
+    #[test]
+    fn domain_chooser_probes_then_keeps_what_matched() {
+        let mut d = DomainChooser::new(LaunchDomains::Auto);
+        assert_eq!(d.at_raise((0, 0)), DRIVER | RUNTIME);
+        // The probe window saw nothing: probe again.
+        assert_eq!(d.at_raise((0, 0)), DRIVER | RUNTIME);
+        // Kernel records matched driver stamps only.
+        assert_eq!(d.at_raise((400, 0)), DRIVER);
+        for _ in 0..DomainChooser::REPROBE_EVERY - 1 {
+            assert_eq!(d.at_raise((400, 0)), DRIVER);
+        }
+        assert_eq!(d.at_raise((400, 0)), DRIVER | RUNTIME, "re-probe");
+        assert_eq!(d.at_raise((800, 300)), DRIVER | RUNTIME);
+        assert_eq!(
+            DomainChooser::new(LaunchDomains::Runtime).at_raise((5, 5)),
+            RUNTIME
+        );
+    }
+}

@@ -1,0 +1,131 @@
+/* A stand-in for libcupti.so.13 that records what the shim asks of it, for
+ * cupti-shim/tests/fake_cupti.rs (no GPU, no CUDA). Built as libcupti.so.13 (soname too), it is
+ * what the shim's dlopen finds. It delivers launch callbacks only for the ids the shim enabled,
+ * as CUPTI does, and hands out and completes an empty activity buffer at every flush.
+ *
+ * Test-side entry points: fake_launch(domain, cbid, correlation) -> 1 when delivered;
+ * fake_log() -> every call so far ("cb+ 2:211", "enable 10", "flush", ...; repeated flushes
+ * are logged once). */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef void (*callback_fn)(void *userdata, uint32_t domain, uint32_t cbid, const void *data);
+typedef void (*requested_fn)(uint8_t **buf, size_t *size, size_t *max);
+typedef void (*completed_fn)(void *ctx, uint32_t stream, uint8_t *buf, size_t size, size_t valid);
+typedef uint64_t (*timestamp_fn)(void);
+
+/* CUpti_CallbackData (cupti_callbacks.h): the fields the shim reads are callbackSite and
+ * correlationId. */
+typedef struct {
+    uint32_t callbackSite;
+    const char *functionName;
+    const void *functionParams;
+    void *functionReturnValue;
+    const char *symbolName;
+    void *context;
+    uint32_t contextUid;
+    uint64_t *correlationData;
+    uint32_t correlationId;
+} callback_data;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static char log_buf[1 << 20];
+static size_t log_len;
+static callback_fn callback;
+static void *userdata;
+static requested_fn requested;
+static completed_fn completed;
+static uint8_t enabled[8][1024];
+
+static void say(const char *what) {
+    pthread_mutex_lock(&mu);
+    size_t n = strlen(what);
+    int repeat = n <= log_len && strcmp(what, "flush;") == 0 &&
+                 memcmp(log_buf + log_len - n, what, n) == 0;
+    if (!repeat && log_len + n + 1 < sizeof log_buf) {
+        memcpy(log_buf + log_len, what, n);
+        log_len += n;
+        log_buf[log_len] = 0;
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+const char *fake_log(void) { return log_buf; }
+
+int fake_launch(uint32_t domain, uint32_t cbid, uint32_t correlation) {
+    if (domain >= 8 || cbid >= 1024 || !enabled[domain][cbid] || callback == NULL) return 0;
+    callback_data d;
+    memset(&d, 0, sizeof d);
+    d.correlationId = correlation;
+    d.callbackSite = 0; /* enter */
+    callback(userdata, domain, cbid, &d);
+    d.callbackSite = 1; /* exit */
+    callback(userdata, domain, cbid, &d);
+    return 1;
+}
+
+uint32_t cuptiGetVersion(uint32_t *v) { *v = 130001; return 0; }
+uint32_t cuptiGetResultString(uint32_t r, const char **s) { (void)r; *s = "CUPTI_ERROR_FAKE"; return 0; }
+uint32_t cuptiSubscribe(void **sub, callback_fn f, void *ud) {
+    *sub = (void *)&enabled;
+    callback = f;
+    userdata = ud;
+    say("subscribe;");
+    return 0;
+}
+uint32_t cuptiUnsubscribe(void *sub) { (void)sub; callback = NULL; say("unsubscribe;"); return 0; }
+uint32_t cuptiEnableCallback(uint32_t on, void *sub, uint32_t domain, uint32_t cbid) {
+    (void)sub;
+    char b[64];
+    if (domain < 8 && cbid < 1024) enabled[domain][cbid] = (uint8_t)on;
+    snprintf(b, sizeof b, "cb%c %u:%u;", on ? '+' : '-', domain, cbid);
+    say(b);
+    return 0;
+}
+uint32_t cuptiEnableDomain(uint32_t on, void *sub, uint32_t domain) {
+    (void)sub;
+    if (domain < 8) memset(enabled[domain], on ? 1 : 0, sizeof enabled[domain]);
+    return 0;
+}
+uint32_t cuptiActivityEnable(uint32_t kind) {
+    char b[32];
+    snprintf(b, sizeof b, "enable %u;", kind);
+    say(b);
+    return 0;
+}
+uint32_t cuptiActivityDisable(uint32_t kind) {
+    char b[32];
+    snprintf(b, sizeof b, "disable %u;", kind);
+    say(b);
+    return 0;
+}
+uint32_t cuptiActivityRegisterCallbacks(requested_fn r, completed_fn c) {
+    requested = r;
+    completed = c;
+    return 0;
+}
+uint32_t cuptiActivityRegisterTimestampCallback(timestamp_fn f) { (void)f; return 0; }
+uint32_t cuptiActivityFlushAll(uint32_t flags) {
+    (void)flags;
+    say("flush;");
+    if (requested != NULL && completed != NULL) {
+        uint8_t *buf = NULL;
+        size_t size = 0, max = 0;
+        requested(&buf, &size, &max);
+        if (buf != NULL) completed(NULL, 0, buf, size, 0);
+    }
+    return 0;
+}
+uint32_t cuptiActivityGetNextRecord(uint8_t *buf, size_t valid, void **rec) {
+    (void)buf; (void)valid; (void)rec;
+    return 12; /* CUPTI_ERROR_MAX_LIMIT_REACHED: no records */
+}
+uint32_t cuptiActivityGetNumDroppedRecords(void *ctx, uint32_t stream, size_t *n) {
+    (void)ctx; (void)stream;
+    *n = 0;
+    return 0;
+}
+uint32_t cuptiGetGraphNodeId(void *node, uint64_t *id) { (void)node; *id = 0; return 0; }
+uint32_t cuptiGetGraphId(void *graph, uint32_t *id) { (void)graph; *id = 0; return 0; }

@@ -1,0 +1,328 @@
+//! The depth control loop end to end without a GPU: a child process (this test binary again)
+//! runs the shim against a fake libcupti (`tests/fake_cupti.c`, built here with the C
+//! compiler), marks 130 steps of ~4 ms with kernel and graph launches, asks for depth from the
+//! script, is asked by "the agent" (this test, through the ring's control word), and hands
+//! CUPTI over and back. This test plays the agent: it takes the shim's registration on a Unix
+//! socket, maps its ring, and checks the depth records, the steps each sample window covered,
+//! the CUPTI calls in their order, and the self-accounting counters in the header.
+//!
+//! Skips (saying so) where no C compiler is found; needs nothing else.
+
+use std::{
+    io::Read,
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::net::{UnixListener, UnixStream},
+    },
+    path::PathBuf,
+    process::{Command, Stdio},
+    sync::atomic::Ordering,
+    time::{Duration, Instant},
+};
+
+use slo_probe_common::{
+    decode,
+    gpu::{
+        DEPTH_KERNELS, DEPTH_NODES, DEPTH_OFF, DEPTH_REASON_AGENT, DEPTH_REASON_DEFAULT,
+        DEPTH_REASON_RELEASED, DEPTH_REASON_SAMPLE, DEPTH_REASON_SCRIPT, DEPTH_TIMING, STEP_END,
+    },
+    ring::{decode_shim_depth, encode_depth_request, DepthDuration, Ring, ShimHello},
+    AnyRecord,
+};
+
+const STEPS: u64 = 130;
+const STEP_MS: u64 = 4;
+const CHILD: &str = "SLO_PROBE_FAKE_CUPTI_CHILD";
+
+fn fake_fn<T>(name: &std::ffi::CStr) -> T {
+    // SAFETY: the fake libcupti the shim loaded; the symbol has the type the caller names.
+    unsafe {
+        let h = libc::dlopen(
+            c"libcupti.so.13".as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_NOLOAD,
+        );
+        assert!(!h.is_null(), "the fake libcupti is not loaded");
+        let p = libc::dlsym(h, name.as_ptr());
+        assert!(!p.is_null(), "{name:?} missing");
+        std::mem::transmute_copy::<*mut libc::c_void, T>(&p)
+    }
+}
+
+/// The training process: runs only as the child of `depth_control_loop_against_a_fake_cupti`.
+#[test]
+fn child_process() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    use slo_probe_cupti::*;
+    assert_eq!(InitializeInjection(), 1);
+    let launch: extern "C" fn(u32, u32, u32) -> i32 = fake_fn(c"fake_launch");
+    let log: extern "C" fn() -> *const libc::c_char = fake_fn(c"fake_log");
+    let mut corr = 1u32;
+    let mut delivered = 0;
+    for step in 0..STEPS {
+        slo_probe_step_begin(step);
+        for (domain, cbid, n) in [(2, 211, 20), (1, 307, 5), (2, 311, 1)] {
+            for _ in 0..n {
+                delivered += launch(domain, cbid, corr);
+                corr += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(STEP_MS));
+        slo_probe_step_end(step);
+        match step {
+            54 => assert_eq!(slo_probe_request_depth(2, 5), 0),
+            56 => assert_eq!(slo_probe_request_depth(7, 5), -1),
+            110 => assert_eq!(slo_probe_cupti_release(), 0),
+            112 => assert_eq!(slo_probe_cupti_reacquire(), 0),
+            _ => {}
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    slo_probe_flush();
+    // SAFETY: the fake's NUL-terminated log.
+    let calls = unsafe { std::ffi::CStr::from_ptr(log()) }.to_string_lossy();
+    println!("FAKE:depth {}", slo_probe_depth());
+    println!("FAKE:delivered {delivered}");
+    println!("FAKE:calls {calls}");
+    std::thread::sleep(Duration::from_millis(100));
+}
+
+fn compiler() -> Option<String> {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    for c in [cc.as_str(), "cc", "gcc", "clang"] {
+        if Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
+            return Some(c.to_owned());
+        }
+    }
+    None
+}
+
+fn recv_with_fd(s: &UnixStream) -> (Vec<u8>, OwnedFd) {
+    let mut data = vec![0u8; 64];
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: data.len(),
+    };
+    // SAFETY: pure computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<i32>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: zeroed msghdr is valid; buffers outlive recvmsg.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: valid socket and message.
+    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    assert!(n > 0, "recvmsg: {}", std::io::Error::last_os_error());
+    data.truncate(n as usize);
+    // SAFETY: walking the control buffer recvmsg filled.
+    let fd = unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        assert!(!cmsg.is_null(), "no fd attached");
+        std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>())
+    };
+    // SAFETY: a descriptor the kernel just installed for us.
+    (data, unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Depth {
+    from_ns: u64,
+    depth: u32,
+    reason: u32,
+}
+
+#[test]
+fn depth_control_loop_against_a_fake_cupti() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    let Some(cc) = compiler() else {
+        eprintln!("skipped: no C compiler to build the fake libcupti");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("slo-probe-fake-cupti-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fake_cupti.c");
+    let lib = dir.join("libcupti.so.13");
+    let st = Command::new(&cc)
+        .args([
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-Wl,-soname,libcupti.so.13",
+            "-o",
+        ])
+        .arg(&lib)
+        .arg(&src)
+        .arg("-lpthread")
+        .status()
+        .expect("cc");
+    assert!(st.success(), "building the fake libcupti failed");
+    let socket = dir.join("shim.sock");
+    let _ = std::fs::remove_file(&socket);
+    let listener = UnixListener::bind(&socket).expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "child_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, "1")
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("SLO_PROBE_SOCKET", &socket)
+        .env("SLO_PROBE_FLUSH_MS", "20")
+        .env("SLO_PROBE_SAMPLE_EVERY", "30")
+        .env("SLO_PROBE_SAMPLE_STEPS", "3")
+        .env("SLO_PROBE_RING_MB", "4")
+        .env_remove("SLO_PROBE_DEPTH")
+        .env_remove("SLO_PROBE_DIAGNOSTIC")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("child");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let stream = loop {
+        match listener.accept() {
+            Ok((s, _)) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(Instant::now() < deadline, "the shim never registered");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    };
+    stream.set_nonblocking(false).expect("blocking");
+    let (hello, fd) = recv_with_fd(&stream);
+    let hello = ShimHello::from_bytes(&hello).expect("a hello of this ring version");
+    let len = hello.ring_len as usize;
+    // SAFETY: the shim's memfd, `len` bytes long.
+    let base = unsafe { slo_probe_common::host::map_shared(fd.as_raw_fd(), len) }.expect("mmap");
+    // SAFETY: mapped for the rest of the test (never unmapped).
+    let ring = unsafe { Ring::open(base.as_ptr(), len) }.expect("ring");
+    let mut buf = vec![0u8; 1 << 16];
+    let (mut depths, mut step_ends) = (Vec::<Depth>::new(), Vec::<u64>::new());
+    let mut asked = false;
+    loop {
+        let exited = child.try_wait().expect("wait").is_some();
+        ring.drain(&mut buf, |r| match decode(r) {
+            Ok((AnyRecord::Depth(d), _)) => depths.push(Depth {
+                from_ns: d.from_ns,
+                depth: d.depth,
+                reason: d.reason,
+            }),
+            Ok((AnyRecord::Step(s), _)) if s.phase == STEP_END => step_ends.push(s.ts_ns),
+            _ => {}
+        });
+        if !asked && step_ends.len() >= 80 {
+            // The agent asks for kernels during 4 steps.
+            ring.header().control.store(
+                encode_depth_request(1, DEPTH_KERNELS, DepthDuration::Steps(4)),
+                Ordering::Release,
+            );
+            asked = true;
+        }
+        if exited {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the child did not finish");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut out)
+        .expect("child output");
+    assert!(
+        child.wait().expect("wait").success(),
+        "child failed:\n{out}"
+    );
+    let line = |key: &str| {
+        // The test harness may have printed on the same line before.
+        let tag = format!("FAKE:{key} ");
+        out.lines()
+            .find_map(|l| l.find(&tag).map(|i| &l[i + tag.len()..]))
+            .unwrap_or_else(|| panic!("no {key} in:\n{out}"))
+            .to_owned()
+    };
+    let calls = line("calls");
+    let seq: Vec<(u32, u32)> = depths.iter().map(|d| (d.depth, d.reason)).collect();
+    eprintln!("depth records: {seq:?}");
+
+    // Tracing starts at depth 0 with graph-level, memcpy and memset activity and no kernels.
+    assert_eq!(seq[0], (DEPTH_TIMING, DEPTH_REASON_DEFAULT));
+    let start = calls.find("enable 51;").expect("GRAPH_TRACE enabled");
+    assert!(!calls[..start].contains("enable 10;"), "{calls}");
+    assert!(
+        !calls[..start].contains("cb+ 2:211"),
+        "kernel callbacks before a window: {calls}"
+    );
+    // Every sample window covered 3 complete steps + the one running when it opened: 4 step
+    // ends (5 when the flusher woke more than a step late, as on a loaded machine).
+    let windows: Vec<(u64, u64)> = depths
+        .windows(2)
+        .filter(|w| (w[0].depth, w[0].reason) == (DEPTH_KERNELS, DEPTH_REASON_SAMPLE))
+        .map(|w| (w[0].from_ns, w[1].from_ns))
+        .collect();
+    assert!(windows.len() >= 3, "{seq:?}");
+    let covered: Vec<usize> = windows
+        .iter()
+        .map(|(from, to)| step_ends.iter().filter(|&&t| t > *from && t <= *to).count())
+        .collect();
+    eprintln!("step ends per window: {covered:?}");
+    assert!(covered.iter().all(|&n| n == 4 || n == 5), "{covered:?}");
+    assert!(
+        covered.iter().filter(|&&n| n == 4).count() * 2 > covered.len(),
+        "{covered:?}"
+    );
+    // The first window opened after step 10 (its 10th step end), the next 30 steps later.
+    let first_end = |from: u64| step_ends.iter().filter(|&&t| t <= from).count();
+    assert_eq!(first_end(windows[0].0), 10);
+    assert_eq!(first_end(windows[1].0), 40);
+    // The script's and the agent's requests, and the hand-over.
+    assert!(seq.contains(&(DEPTH_NODES, DEPTH_REASON_SCRIPT)), "{seq:?}");
+    assert!(
+        seq.contains(&(DEPTH_KERNELS, DEPTH_REASON_AGENT)),
+        "{seq:?}"
+    );
+    let off = seq
+        .iter()
+        .position(|&d| d == (DEPTH_OFF, DEPTH_REASON_RELEASED))
+        .expect("released");
+    assert_eq!(seq[off + 1], (DEPTH_TIMING, DEPTH_REASON_DEFAULT));
+    // CUPTI calls in order: callbacks before kernel activity, a flush before it goes off.
+    let on = calls.find("enable 10;").expect("kernels on");
+    assert!(calls[..on].contains("cb+ 2:211;") && calls[..on].contains("cb+ 1:307;"));
+    let off_at = calls.find("disable 10;").expect("kernels off");
+    assert!(calls[..off_at].ends_with("flush;"), "{}", &calls[..off_at]);
+    assert!(calls.contains("disable 51;") && calls.contains("unsubscribe;"));
+    // What the shim published.
+    let h = ring.header();
+    let c = h.shim_counters();
+    assert_eq!(h.control_ack.load(Ordering::Relaxed), 1);
+    assert_eq!(c.steps_seen, STEPS);
+    assert!(c.sampled_steps >= 3 * 4, "{c:?}");
+    assert!(c.launches_seen > STEPS && c.callback_ns > 0, "{c:?}");
+    assert!(h.depth_changes.load(Ordering::Relaxed) >= 10);
+    let d = decode_shim_depth(line("depth").parse().expect("depth word"));
+    // (The window due at step 130 may have opened as the loop ended.)
+    assert!(d.depth == DEPTH_TIMING || d.depth == DEPTH_KERNELS, "{d:?}");
+    assert_eq!((d.window, d.period, d.millis), (3, 30, false));
+    // Kernel launches reached the shim only while kernels were traced.
+    let delivered: u64 = line("delivered").parse().expect("count");
+    assert!(
+        delivered < STEPS * 26 / 2,
+        "{delivered} of {} delivered",
+        STEPS * 26
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
