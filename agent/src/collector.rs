@@ -37,6 +37,10 @@ use crate::{
     },
 };
 
+/// What a process's host samples are recorded as, after its pid, in `shim.record_dir` (beside
+/// its GPU records `<pid>.bin`).
+pub const HOST_RECORDING: &str = ".host.jsonl";
+
 /// How many recent outliers a snapshot carries.
 const RECENT_OUTLIERS: usize = 64;
 /// Ticks between rescans of target cgroups and clean-ups of the kernel's process set.
@@ -76,6 +80,8 @@ pub struct Collector {
     pipelines: Arc<Mutex<Pipelines>>,
     /// How long a finished training process stays in snapshots, ns.
     retention_ns: u64,
+    /// `shim.record_dir`: host samples are recorded beside each process's GPU records.
+    record_dir: Option<std::path::PathBuf>,
     shim: Option<ShimSource>,
     shim_down: String,
     nvml: Option<NvmlThread>,
@@ -113,6 +119,13 @@ impl Collector {
             };
             (Some(Probes::load(&settings)?), String::new())
         };
+        let record_dir = (!config.shim.record_dir.as_os_str().is_empty())
+            .then(|| config.shim.record_dir.clone());
+        if let Some(d) = &record_dir {
+            if let Err(e) = std::fs::create_dir_all(d) {
+                log::warn!("cannot create shim.record_dir {}: {e}", d.display());
+            }
+        }
         let (nvml, nvml_down) = if no_ebpf && !config.shim.enabled {
             (None, "off".to_owned())
         } else if !config.gpu.nvml {
@@ -121,7 +134,11 @@ impl Collector {
             match NvmlSampler::new() {
                 Ok(n) => {
                     log::info!("{}", n.describe());
-                    match NvmlThread::start(n, Duration::from_millis(config.gpu.sample_ms)) {
+                    match NvmlThread::start(
+                        n,
+                        Duration::from_millis(config.gpu.sample_ms),
+                        record_dir.as_deref(),
+                    ) {
                         Ok(t) => (Some(t), String::new()),
                         Err(e) => {
                             let reason = format!("cannot start the NVML sampling thread: {e}");
@@ -147,12 +164,10 @@ impl Collector {
             .and_then(|c| SmLimits::for_capability(c.major, c.minor));
         let pipelines = Arc::new(Mutex::new(Pipelines::new(settings)?));
         let (shim, shim_down) = if config.shim.enabled {
-            let record = (!config.shim.record_dir.as_os_str().is_empty())
-                .then(|| config.shim.record_dir.clone());
             match ShimSource::start(
                 &config.shim.socket,
                 &config.shim.allowed_uids,
-                record,
+                record_dir.clone(),
                 pipelines.clone(),
                 nvml.as_ref().map(NvmlThread::history),
             ) {
@@ -185,6 +200,7 @@ impl Collector {
             retention_ticks: config.retention_ticks(),
             pipelines,
             retention_ns: config.agent.retention_s.saturating_mul(1_000_000_000),
+            record_dir,
             shim,
             shim_down,
             nvml,
@@ -413,6 +429,12 @@ impl Collector {
                         .collect();
                     let sample =
                         host::sample_of(&mine, now, threads.as_ref(), net.as_ref(), &cgroups);
+                    if let Some(d) = &self.record_dir {
+                        crate::sources::append_json_line(
+                            &d.join(format!("{pid}{HOST_RECORDING}")),
+                            &sample,
+                        );
+                    }
                     pipelines.push_host(pid, sample);
                 }
                 for pid in pipelines.retire(self.retention_ns) {

@@ -138,6 +138,9 @@ pub const OVERFLOW: &str = "(other operators)";
 pub struct Profile {
     /// Iterations.
     pub iterations: u64,
+    /// Of those, the iterations whose kernels were traced: operators, idle times and clocks
+    /// come from these alone (the shim samples kernels in windows).
+    pub traced: u64,
     /// Wall time, ns.
     pub wall_ns: u64,
     /// GPU idle before the first activity, ns.
@@ -158,6 +161,12 @@ impl Profile {
     pub fn add_iteration(&mut self, it: &Iteration) {
         self.iterations += 1;
         self.wall_ns += it.step_ns();
+        // Node-level iterations show a graph's kernels where the others show one graph
+        // launch: they tell what a graph runs, they are not compared.
+        if !it.traced || it.graph_nodes > 0 {
+            return;
+        }
+        self.traced += 1;
         self.idle_before_ns += it.idle_before_first_ns;
         if let Some(c) = it.gpu.as_ref().and_then(|g| g.sm_clock_mhz) {
             self.sm_clock_mhz.0 += c;
@@ -197,6 +206,7 @@ impl Profile {
     /// Adds another profile.
     pub fn merge(&mut self, o: &Profile) {
         self.iterations += o.iterations;
+        self.traced += o.traced;
         self.wall_ns += o.wall_ns;
         self.idle_before_ns += o.idle_before_ns;
         self.overflowed += o.overflowed;
@@ -263,6 +273,8 @@ pub struct Attribution {
     pub host: Vec<HostCause>,
     /// Iterations compared (baseline, now).
     pub iterations: (u64, u64),
+    /// Of those, the traced ones the operators were compared over (baseline, now).
+    pub traced: (u64, u64),
 }
 
 /// Operators kept in an [`Attribution`].
@@ -298,10 +310,11 @@ impl Attribution {
 
 /// Compares `now` with `baseline` (see the module docs). `None` when either has no iteration.
 pub fn attribute(baseline: &Profile, now: &Profile) -> Option<Attribution> {
-    if baseline.iterations == 0 || now.iterations == 0 {
+    if baseline.traced == 0 || now.traced == 0 {
         return None;
     }
-    let (nb, nn) = (baseline.iterations, now.iterations);
+    // Per iteration of those traced: the operators' figures come from them.
+    let (nb, nn) = (baseline.traced, now.traced);
     let empty = OpAgg::default();
     let mut causes: Vec<Cause> = Vec::new();
     let mut gap_growth: Vec<f64> = Vec::new();
@@ -406,7 +419,8 @@ pub fn attribute(baseline: &Profile, now: &Profile) -> Option<Attribution> {
         iteration_ns: (baseline.mean_wall_ns(), now.mean_wall_ns()),
         causes,
         host,
-        iterations: (nb, nn),
+        iterations: (baseline.iterations, now.iterations),
+        traced: (nb, nn),
     })
 }
 
@@ -571,6 +585,7 @@ mod tests {
     fn profile(iterations: u64, ops: &[(&str, OpKind, u64, u64, f64)], idle: u64) -> Profile {
         let mut p = Profile {
             iterations,
+            traced: iterations,
             wall_ns: iterations * 10_000_000,
             idle_before_ns: idle * iterations,
             ..Default::default()

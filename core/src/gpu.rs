@@ -10,7 +10,19 @@
 use std::{collections::VecDeque, fmt};
 
 /// CUDA compute capability of a device (`9.0` for Hopper).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 pub struct ComputeCapability {
     /// Major version (architecture generation).
     pub major: u32,
@@ -46,7 +58,7 @@ impl fmt::Display for ComputeCapability {
 
 /// Device-wide performance metrics from NVML GPM (GPU Performance Monitoring, Hopper and newer),
 /// averaged between two samples (consecutive ticks). Percentages are 0–100.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GpmMetrics {
     /// Length of the interval the metrics average over, ns.
     pub interval_ns: Option<u64>,
@@ -84,7 +96,7 @@ impl GpmMetrics {
 }
 
 /// One GPU at one tick.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GpuSample {
     /// NVML device index (the order `nvidia-smi` lists; not necessarily CUDA's order).
     pub index: u32,
@@ -125,13 +137,17 @@ pub struct GpuSample {
 }
 
 /// Every GPU of the node at one tick.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// Recorded next to GPU recordings as one JSON object per line (`nvml.jsonl`, without the
+/// topology).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GpuSnapshot {
     /// One sample per device, by index.
     pub devices: Vec<GpuSample>,
     /// CLOCK_MONOTONIC ns when the sample was taken.
     pub taken_at_ns: u64,
-    /// How the GPUs connect (read once when NVML opened them; shared by every snapshot).
+    /// How the GPUs connect (read once when NVML opened them; shared by every snapshot; not
+    /// recorded).
+    #[serde(skip)]
     pub topology: std::sync::Arc<Vec<GpuTopology>>,
 }
 

@@ -218,6 +218,8 @@ pub struct Iteration {
     pub gpu_end_ns: u64,
     /// Eager kernels plus graph kernel nodes.
     pub kernels: u32,
+    /// Graph kernel nodes (node-level tracing), of `kernels`.
+    pub graph_nodes: u32,
     /// Graph launches seen at graph level.
     pub graph_launches: u32,
     /// Memory operations.
@@ -251,6 +253,11 @@ pub struct Iteration {
     pub ops: Vec<OpTime>,
     /// GPU-time-weighted mean theoretical occupancy of its kernels, when known.
     pub occupancy: Option<f64>,
+    /// Whether every kernel it launched was traced (the shim was at kernel depth or deeper from
+    /// its start to its end). An iteration outside the shim's sample windows has its markers,
+    /// graph launches and copies but not its eager kernels: its time counts, its GPU
+    /// breakdown does not.
+    pub traced: bool,
     /// CUDA device ordinal of its activities (the one with the most GPU time), when it has any.
     pub device: Option<u32>,
     /// What NVML saw on that GPU while it ran (filled in by the agent once a sample after its
@@ -505,6 +512,8 @@ pub struct TraceAssembler {
     acc: Vec<OpAcc>,
     /// The GPU timeline of the activities summarised so far.
     timeline: GpuTimeline,
+    /// The shim's tracing depth over time.
+    depth: DepthLog,
     /// Scratch of `summarise`: activities sorted by start.
     sorted: Vec<Activity>,
     /// Scratch of `summarise`: operators seen in the iteration.
@@ -751,6 +760,10 @@ impl TraceAssembler {
                     return;
                 }
                 table.insert(s.id, String::from_utf8_lossy(s.bytes).into_owned());
+                return;
+            }
+            AnyRecord::Depth(d) => {
+                self.depth.push(d.from_ns, d.depth);
                 return;
             }
             AnyRecord::Step(st) => {
@@ -1041,6 +1054,7 @@ impl TraceAssembler {
         touched.clear();
         let mut lat: Vec<u64> = Vec::new();
         let (mut kernels, mut graph_launches, mut memory_ops) = (0u32, 0u32, 0u32);
+        let mut graph_nodes = 0u32;
         let (mut memory_ns, mut compute_ns, mut comm_ns, mut comm_kernels) =
             (0u64, 0u64, 0u64, 0u32);
         let mut by_device: [(u32, u64); 4] = [(u32::MAX, 0); 4];
@@ -1111,6 +1125,7 @@ impl TraceAssembler {
             match a.kind {
                 ActivityKind::Kernel | ActivityKind::GraphKernel => {
                     kernels += 1;
+                    graph_nodes += u32::from(a.kind == ActivityKind::GraphKernel);
                     if self.table.info[i].1 == OpKind::Communication {
                         comm_ns += d;
                         comm_kernels += 1;
@@ -1190,6 +1205,7 @@ impl TraceAssembler {
             gpu_start_ns: span_start.unwrap_or(b),
             gpu_end_ns: span_end.unwrap_or(b),
             kernels,
+            graph_nodes,
             graph_launches,
             memory_ops,
             memory_ns,
@@ -1203,9 +1219,61 @@ impl TraceAssembler {
             launch_latencies_ns: lat,
             ops,
             occupancy: (occ.1 > 0).then(|| occ.0 / occ.1 as f64),
+            traced: self.depth.traced(b, e),
             device,
             gpu: None,
         }
+    }
+}
+
+/// Depth changes kept (the oldest are dropped; iterations older than them are long done).
+const MAX_DEPTH_CHANGES: usize = 4096;
+
+/// The shim's tracing depth over time, from its depth records.
+#[derive(Clone, Debug, Default)]
+pub struct DepthLog {
+    /// (from, depth), in time order.
+    changes: std::collections::VecDeque<(u64, u32)>,
+}
+
+impl DepthLog {
+    /// A depth record: `depth` from `from_ns` on.
+    pub fn push(&mut self, from_ns: u64, depth: u32) {
+        // Records come in time order; one out of order is placed where it belongs.
+        let at = self.changes.partition_point(|c| c.0 <= from_ns);
+        self.changes.insert(at, (from_ns, depth));
+        if self.changes.len() > MAX_DEPTH_CHANGES {
+            self.changes.pop_front();
+        }
+    }
+
+    /// Whether everything launched from `b` to `e` was traced at kernel depth: true for a
+    /// stream without depth records (shims before them traced every kernel).
+    pub fn traced(&self, b: u64, e: u64) -> bool {
+        let kernels = |d: u32| d != slo_probe_common::gpu::DEPTH_OFF && d >= 1;
+        if self.changes.is_empty() {
+            return true;
+        }
+        let at = self.changes.partition_point(|c| c.0 <= b);
+        let before = if at == 0 {
+            // Before the first record: the shim's state then is unknown.
+            return false;
+        } else {
+            self.changes[at - 1].1
+        };
+        kernels(before)
+            && self
+                .changes
+                .iter()
+                .skip(at)
+                .take_while(|c| c.0 <= e)
+                .all(|c| kernels(c.1))
+    }
+
+    /// The depth in force at `t`, if a record says.
+    pub fn at(&self, t: u64) -> Option<u32> {
+        let at = self.changes.partition_point(|c| c.0 <= t);
+        (at > 0).then(|| self.changes[at - 1].1)
     }
 }
 

@@ -13,7 +13,7 @@ use crate::{
 };
 
 /// Cumulative counters of one thread role.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RoleHost {
     /// Time runnable but waiting for a CPU, ns.
     pub runq_ns: u64,
@@ -28,7 +28,7 @@ pub struct RoleHost {
 }
 
 /// Cumulative retransmits of one connection of the job.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ConnHost {
     /// `local -> remote`.
     pub label: String,
@@ -39,7 +39,8 @@ pub struct ConnHost {
 }
 
 /// The job's host counters at one instant (cumulative since the agent started following it).
-#[derive(Clone, Debug, Default, PartialEq)]
+/// Recorded next to a GPU recording as one JSON object per line (`<pid>.host.jsonl`).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct HostSample {
     /// CLOCK_MONOTONIC ns.
     pub at_ns: u64,

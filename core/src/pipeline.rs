@@ -291,6 +291,7 @@ impl ProcessPipeline {
             }
         }
         self.view.iterations_total += done.len() as u64;
+        self.view.steps_ns += done.iter().map(Iteration::step_ns).sum::<u64>();
         let at = self.now_ns;
         self.staged.extend(done.into_iter().map(|i| (at, i)));
     }
@@ -356,6 +357,54 @@ impl ProcessPipeline {
         self.view.clone()
     }
 
+    /// The depth the shim should trace at for the SLO engine (`gpu::DEPTH_*`): kernels as soon
+    /// as an iteration node breaches (before a violation opens), node by node when the job
+    /// replays CUDA graphs and the attribution so far points into a graph, for as long as an
+    /// attribution needs traced iterations; 0 (the shim's own duty-cycled tier) otherwise.
+    pub fn wanted_depth(&self) -> u32 {
+        use crate::slo::NodeState;
+        use slo_probe_common::gpu::{DEPTH_KERNELS, DEPTH_NODES, DEPTH_TIMING};
+        let Some(slo) = &self.view.slo else {
+            return DEPTH_TIMING;
+        };
+        if self.finished {
+            return DEPTH_TIMING;
+        }
+        let mut want = DEPTH_TIMING;
+        for n in slo
+            .nodes
+            .iter()
+            .filter(|n| n.metric.is_some_and(|m| m.per_iteration()))
+        {
+            let open = slo
+                .violations
+                .iter()
+                .find(|v| v.node == n.name && v.closed_ns.is_none());
+            let kernels = match (n.state, open) {
+                (NodeState::Breaching, _) => true,
+                (NodeState::Violated(_), Some(v)) => v
+                    .attribution
+                    .as_ref()
+                    .is_none_or(|a| a.traced.1 < crate::slo::engine::MIN_TRACED),
+                _ => false,
+            };
+            // The attribution points into a CUDA graph whose contents no node-level trace has
+            // shown yet: a few steps node by node tell what it runs.
+            let nodes = open
+                .and_then(|v| v.attribution.as_ref())
+                .and_then(|a| a.top())
+                .and_then(|c| c.op.strip_prefix("graph#"))
+                .and_then(|id| id.parse::<u32>().ok())
+                .is_some_and(|id| !self.view.graph_ops.contains_key(&id));
+            if nodes {
+                want = want.max(DEPTH_NODES);
+            } else if kernels {
+                want = want.max(DEPTH_KERNELS);
+            }
+        }
+        want
+    }
+
     /// Step markers left out so far.
     pub fn markers_ignored(&self) -> u64 {
         self.markers_ignored
@@ -364,6 +413,45 @@ impl ProcessPipeline {
     /// The SLO engine, once it exists.
     pub fn engine(&self) -> Option<&SloEngine> {
         self.engine.as_ref()
+    }
+}
+
+/// Drives `p` through a recorded process the way the live agent ran it: each record in arrival
+/// order with the time it arrived (`records`), the host samples at theirs, time advancing with
+/// the host samples (as the agent's ticks did), NVML's samples from `gpu`; then finishes it.
+pub fn drive<'a>(
+    p: &mut ProcessPipeline,
+    records: impl IntoIterator<Item = (u64, AnyRecord<'a>)>,
+    host: &[HostSample],
+    gpu: Option<&GpuHistory>,
+) {
+    let mut next = 0;
+    for (at, r) in records {
+        while next < host.len() && host[next].at_ns < at {
+            p.push_host(host[next].clone());
+            p.advance(host[next].at_ns, gpu, true);
+            next += 1;
+        }
+        p.push(&r);
+    }
+    for s in &host[next..] {
+        p.push_host(s.clone());
+        p.advance(s.at_ns, gpu, true);
+    }
+    p.finish(gpu);
+}
+
+/// When a recorded record had arrived at the latest: GPU activities once they ended, markers
+/// and depth changes when they happened; names and graph nodes at once (0).
+pub fn record_time(r: &AnyRecord<'_>) -> u64 {
+    match r {
+        AnyRecord::GpuKernel(k) => k.end_ns,
+        AnyRecord::GpuMem(m) => m.end_ns,
+        AnyRecord::GpuGraph(g) => g.end_ns,
+        AnyRecord::GpuEvent(e) => e.ts_ns,
+        AnyRecord::Step(s) => s.ts_ns,
+        AnyRecord::Depth(d) => d.from_ns,
+        _ => 0,
     }
 }
 

@@ -23,7 +23,7 @@ use crate::{
     attribution::{Dimension, DATA_LOADING_OP, LAUNCHES_OP},
     host::{ConnHost, HostSample},
     occupancy::SmLimits,
-    pipeline::{PipelineSettings, ProcessPipeline, Windows},
+    pipeline::{record_time, PipelineSettings, ProcessPipeline, Windows},
     roles::Role,
     slo::SloSpec,
 };
@@ -884,20 +884,8 @@ pub fn test_spec() -> SloSpec {
 /// shim's flush period, with room for the GPU running behind the host).
 pub const SIM_SETTLE_NS: u64 = 1_000_000_000;
 
-/// When the agent would have a record: GPU activities once they ended, markers at once, names
-/// before the activities that use them.
-fn arrival_ns(r: &AnyRecord<'_>) -> u64 {
-    match r {
-        AnyRecord::GpuKernel(k) => k.end_ns,
-        AnyRecord::GpuMem(m) => m.end_ns,
-        AnyRecord::GpuGraph(g) => g.end_ns,
-        AnyRecord::Step(s) => s.ts_ns,
-        _ => 0,
-    }
-}
-
 /// Feeds `trace` to a live pipeline the way the agent would: each record once it exists
-/// ([`arrival_ns`]), a host sample every 100 ms, time advancing with the host samples; the
+/// ([`record_time`]), a host sample every 100 ms, time advancing with the host samples; the
 /// H200's SM limits; then finishes it.
 pub fn drive(trace: &Trace, spec: &SloSpec) -> ProcessPipeline {
     let settings = PipelineSettings {
@@ -912,22 +900,10 @@ pub fn drive(trace: &Trace, spec: &SloSpec) -> ProcessPipeline {
     let mut p = ProcessPipeline::new(1, settings).expect("valid spec");
     let mut records: Vec<(u64, AnyRecord<'_>)> = RecordIter::new(&trace.records)
         .flatten()
-        .map(|r| (arrival_ns(&r), r))
+        .map(|r| (record_time(&r), r))
         .collect();
     records.sort_by_key(|(at, _)| *at);
-    let mut next = 0;
-    for s in &trace.host {
-        while next < records.len() && records[next].0 <= s.at_ns {
-            p.push(&records[next].1);
-            next += 1;
-        }
-        p.push_host(s.clone());
-        p.advance(s.at_ns, None, true);
-    }
-    for (_, r) in &records[next..] {
-        p.push(r);
-    }
-    p.finish(None);
+    crate::pipeline::drive(&mut p, records, &trace.host, None);
     p
 }
 

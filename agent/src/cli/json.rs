@@ -24,6 +24,12 @@ pub fn shim_json(p: &ProcessSnapshot) -> serde_json::Value {
             "graph_nodes": p.seen[3], "strings": p.seen[4], "steps": p.seen[5],
         },
         "slo": p.slo.as_deref().map(slo_json),
+        "depth": p.depth.map(|d| json!({
+            "depth": d.depth, "reason": d.reason, "window": d.window, "period": d.period,
+            "millis": d.millis,
+        })),
+        "depth_wanted": p.depth_wanted,
+        "shim_overhead_ratio": p.shim_overhead_ratio(),
         "graph_ops": p.graph_ops.iter().map(|(g, ops)| (g.to_string(), json!(ops)))
             .collect::<serde_json::Map<_, _>>(),
         "iterations": p.iterations.iter().map(|i| json!({
@@ -38,6 +44,7 @@ pub fn shim_json(p: &ProcessSnapshot) -> serde_json::Value {
             "gpu_busy_ns": i.gpu_busy_ns,
             "gpu_span_ns": i.gpu_span_ns(),
             "kernels": i.kernels,
+            "traced": i.traced,
             "graph_launches": i.graph_launches,
             "memory_ops": i.memory_ops,
             "idle_before_first_ns": i.idle_before_first_ns,

@@ -370,7 +370,48 @@ fn gpu_report(out: &mut String, p: &ProcessSnapshot) {
             ""
         },
     );
+    depth_report(out, p);
     iterations_report(out, p);
+}
+
+/// The shim's tracing depth, its duty cycle, what the SLO engine asked for and the shim's cost.
+fn depth_report(out: &mut String, p: &ProcessSnapshot) {
+    use slo_probe_common::gpu::{
+        DEPTH_OFF, DEPTH_REASON_AGENT, DEPTH_REASON_RELEASED, DEPTH_REASON_SAMPLE,
+        DEPTH_REASON_SCRIPT,
+    };
+    let Some(d) = p.depth else { return };
+    let name = |d: u32| match d {
+        0 => "timing",
+        1 => "kernels",
+        2 => "graph nodes",
+        DEPTH_OFF => "off",
+        _ => "?",
+    };
+    let why = match d.reason {
+        DEPTH_REASON_SAMPLE => "a sample window",
+        DEPTH_REASON_AGENT => "the agent asked",
+        DEPTH_REASON_SCRIPT => "the script asked",
+        DEPTH_REASON_RELEASED => "CUPTI handed over",
+        _ => "its tier",
+    };
+    let unit = if d.millis { "ms" } else { "steps" };
+    let sampling = if d.period > 0 {
+        format!(
+            "; samples kernels {} {unit} in every {} {unit}",
+            d.window, d.period
+        )
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        out,
+        "  shim depth {} ({why}){sampling}; the SLO engine wants {}; shim cost {:.2}% of step \
+         time (callbacks + estimated CUPTI records)",
+        name(d.depth),
+        name(p.depth_wanted),
+        100.0 * p.shim_overhead_ratio()
+    );
 }
 
 /// The straggler view of every job with two or more ranks in the observed tree.

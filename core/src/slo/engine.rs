@@ -139,6 +139,10 @@ pub struct SloEngine {
 /// Closed violations kept.
 const KEEP_VIOLATIONS: usize = 64;
 
+/// Traced iterations an attribution compares at least (fewer: it is refreshed, but an earlier
+/// one made of more is kept).
+pub const MIN_TRACED: u64 = 10;
+
 impl SloEngine {
     /// An engine for `spec` (validated).
     pub fn new(spec: SloSpec) -> Result<Self, SloSpecError> {
@@ -216,6 +220,7 @@ impl SloEngine {
             .nodes
             .iter_mut()
             .filter(|n| n.spec.metric.per_iteration())
+            .filter(|n| it.traced || !n.spec.metric.needs_kernels())
         {
             let v = n.spec.metric.of(it);
             let scaled = (v * n.spec.metric.scale())
@@ -428,15 +433,16 @@ impl SloEngine {
             baseline.merge(p);
         }
         // The latest window (the first breaching one is often half before the change), or as
-        // many recent ones as make ten iterations.
+        // many recent ones as make ten traced iterations (the shim samples kernels).
         let mut now = Profile::default();
         for p in self.recent.iter().rev() {
             now.merge(p);
-            if now.iterations >= 10 {
+            if now.traced >= MIN_TRACED {
                 break;
             }
         }
         let attribution = attribute(&baseline, &now);
+        let enough = now.traced >= MIN_TRACED;
         for &i in which {
             let v = &mut self.violations[i];
             let head = {
@@ -455,13 +461,14 @@ impl SloEngine {
                     v.threshold
                 )
             };
-            v.chain = match &attribution {
+            // A refresh made of too few traced iterations does not replace a fuller one.
+            if v.metric.per_iteration() && (enough || v.attribution.is_none()) {
+                v.attribution = attribution.clone();
+            }
+            v.chain = match &v.attribution {
                 Some(a) if v.metric.per_iteration() => a.chain(&head),
                 _ => head,
             };
-            if v.metric.per_iteration() {
-                v.attribution = attribution.clone();
-            }
         }
     }
 
@@ -633,6 +640,7 @@ mod tests {
 
     fn it(end_ns: u64, wall_ns: u64) -> Iteration {
         Iteration {
+            traced: true,
             start_ns: end_ns - wall_ns,
             end_ns,
             gpu_busy_ns: wall_ns * 9 / 10,

@@ -31,6 +31,12 @@ pub enum Metric {
 }
 
 impl Metric {
+    /// Whether an iteration's value needs its kernels traced (everything but its time: an
+    /// iteration outside the shim's sample windows has no GPU breakdown).
+    pub fn needs_kernels(self) -> bool {
+        !matches!(self, Self::IterationTime)
+    }
+
     /// Whether it is measured per iteration (else as a rate over the window).
     pub fn per_iteration(self) -> bool {
         matches!(

@@ -138,6 +138,9 @@ pub const TOP_OPS: usize = 16;
 pub struct IterationStats {
     /// Iterations summarised.
     pub count: usize,
+    /// Of those, the ones the GPU breakdown (busy, phases, launch latency, operators, means)
+    /// comes from: those with their kernels traced.
+    pub traced: usize,
     /// Whether their boundaries came from step markers (of the oldest).
     pub marked: bool,
     /// Iteration time ([`Iteration::step_ns`]), ns.
@@ -164,22 +167,26 @@ pub struct IterationStats {
 impl IterationStats {
     /// The statistics of `h` (`None` when it is empty).
     pub fn of(h: &IterationHistory) -> Option<Self> {
-        let n = h.len();
         let first = h.first()?;
         let walls = quantiles(h.iter().map(Iteration::step_ns).collect())?;
+        // The GPU breakdown from the iterations whose kernels were traced (all of them but
+        // those outside the shim's sample windows); all of them when none was.
+        let any_traced = h.iter().any(|i| i.traced);
+        let gpu = || h.iter().filter(move |i| i.traced || !any_traced);
+        let n = gpu().count().max(1);
         let launch = quantiles(
-            h.iter()
+            gpu()
                 .flat_map(|i| i.launch_latencies_ns.iter().copied())
                 .collect(),
         );
         let mut phases = [[0u64; 2]; PHASES.len()];
         for (k, (_, of)) in PHASES.iter().enumerate() {
-            phases[k] = quantiles(h.iter().map(of).collect()).unwrap_or_default();
+            phases[k] = quantiles(gpu().map(of).collect()).unwrap_or_default();
         }
-        let mut busy: Vec<f64> = h.iter().map(Iteration::gpu_busy_ratio).collect();
+        let mut busy: Vec<f64> = gpu().map(Iteration::gpu_busy_ratio).collect();
         busy.sort_by(f64::total_cmp);
         let mut ops: BTreeMap<&str, OpSum<'_>> = BTreeMap::new();
-        for i in h.iter() {
+        for i in gpu() {
             for o in &i.ops {
                 let e = ops.entry(&*o.op).or_insert(OpSum {
                     kind: o.kind,
@@ -202,9 +209,10 @@ impl IterationStats {
         // Stable: ties stay in label order.
         ops.sort_by_key(|o| std::cmp::Reverse(o.gpu_ns));
         ops.truncate(TOP_OPS);
-        let mean = |f: &dyn Fn(&Iteration) -> f64| h.iter().map(f).sum::<f64>() / n as f64;
+        let mean = |f: &dyn Fn(&Iteration) -> f64| gpu().map(f).sum::<f64>() / n as f64;
         Some(Self {
-            count: n,
+            count: h.len(),
+            traced: gpu().count(),
             marked: first.marked,
             wall_ns: walls,
             launch_latency_ns: launch,
@@ -282,9 +290,28 @@ pub struct ProcessSnapshot {
     pub rank: Option<u32>,
     /// Its job, from its environment (`SLO_PROBE_JOB`, `TORCHELASTIC_RUN_ID`, ...), when known.
     pub job_id: Option<String>,
+    /// The shim's tracing depth and duty cycle as it published them (`None`: an older shim).
+    pub depth: Option<slo_probe_common::ring::ShimDepth>,
+    /// The depth the SLO engine asks for now (`gpu::DEPTH_*`; 0: the shim's own tier).
+    pub depth_wanted: u32,
+    /// The shim's own cost on the launching threads since it started (its callbacks plus the
+    /// estimated CUPTI cost of its kernel records), ns.
+    pub shim_cost_ns: u64,
+    /// Time spent in the iterations completed since the shim registered, ns (what the cost is
+    /// a share of).
+    pub steps_ns: u64,
 }
 
 impl ProcessSnapshot {
+    /// The shim's cost as a share of the process's step time (0 before any iteration).
+    pub fn shim_overhead_ratio(&self) -> f64 {
+        if self.steps_ns == 0 {
+            0.0
+        } else {
+            self.shim_cost_ns as f64 / self.steps_ns as f64
+        }
+    }
+
     /// Sets the history and recomputes its statistics.
     pub fn set_iterations(&mut self, h: IterationHistory) {
         self.stats = IterationStats::of(&h).map(Arc::new);

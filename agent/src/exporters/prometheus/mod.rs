@@ -550,6 +550,70 @@ fn render_shims(out: &mut String, snapshot: &Snapshot) {
     }
     header(
         out,
+        "slo_probe_shim_depth",
+        "gauge",
+        "Tracing depth of a training process's shim: 0 timing (markers, graph launches, copies; \
+         kernels only in duty-cycled sample windows), 1 every kernel, 2 graph nodes too, -1 off \
+         (CUPTI handed over or lost); `wanted` is what the SLO engine asks for (raised while an \
+         iteration node breaches, until attribution has what it needs).",
+    );
+    for p in shims {
+        if let Some(d) = p.depth {
+            let depth = if d.depth == slo_probe_common::gpu::DEPTH_OFF {
+                -1
+            } else {
+                i64::from(d.depth)
+            };
+            let _ = writeln!(
+                out,
+                "slo_probe_shim_depth{{{},which=\"current\"}} {depth}",
+                proc_labels(p)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "slo_probe_shim_depth{{{},which=\"wanted\"}} {}",
+            proc_labels(p),
+            p.depth_wanted
+        );
+    }
+    header(
+        out,
+        "slo_probe_shim_sample_period",
+        "gauge",
+        "The shim's duty cycle at depth 0: one sample window of `window` every `period` (unit: \
+         steps, or ms for a process without step markers); 0: no sampling.",
+    );
+    for p in shims {
+        if let Some(d) = p.depth {
+            let unit = if d.millis { "ms" } else { "steps" };
+            for (which, v) in [("period", d.period), ("window", d.window)] {
+                let _ = writeln!(
+                    out,
+                    "slo_probe_shim_sample_period{{{},which=\"{which}\",unit=\"{unit}\"}} {v}",
+                    proc_labels(p)
+                );
+            }
+        }
+    }
+    header(
+        out,
+        "slo_probe_shim_overhead_ratio",
+        "gauge",
+        "The shim's own cost on the training process's launching threads (its callbacks, plus \
+         the estimated CUPTI cost of each kernel record) as a share of its step time, since it \
+         registered.",
+    );
+    for p in shims {
+        let _ = writeln!(
+            out,
+            "slo_probe_shim_overhead_ratio{{{}}} {}",
+            proc_labels(p),
+            p.shim_overhead_ratio()
+        );
+    }
+    header(
+        out,
         "slo_probe_shim_records_total",
         "counter",
         "GPU records consumed from a shim, by kind.",

@@ -778,11 +778,22 @@ pub struct NvmlThread {
     sampler: Arc<Mutex<NvmlSampler>>,
     history: Arc<Mutex<GpuHistory>>,
     stop: Arc<AtomicBool>,
+    /// Where every sample is also appended as a JSON line (with `shim.record_dir`), for
+    /// replaying recordings with what NVML saw.
+    record: Option<Arc<std::path::PathBuf>>,
 }
 
+/// The file in `shim.record_dir` that NVML's samples are appended to.
+pub const NVML_RECORDING: &str = "nvml.jsonl";
+
 impl NvmlThread {
-    /// Starts sampling every `period` (GPM needs at least [`GPM_MIN_INTERVAL_NS`]).
-    pub fn start(sampler: NvmlSampler, period: Duration) -> std::io::Result<Self> {
+    /// Starts sampling every `period` (GPM needs at least [`GPM_MIN_INTERVAL_NS`]); with
+    /// `record_dir`, every sample is also appended to [`NVML_RECORDING`] there.
+    pub fn start(
+        sampler: NvmlSampler,
+        period: Duration,
+        record_dir: Option<&std::path::Path>,
+    ) -> std::io::Result<Self> {
         let sampler = Arc::new(Mutex::new(sampler));
         let history = Arc::new(Mutex::new(GpuHistory::new(HISTORY_SNAPSHOTS)));
         let stop = Arc::new(AtomicBool::new(false));
@@ -790,15 +801,21 @@ impl NvmlThread {
             sampler,
             history,
             stop,
+            record: record_dir.map(|d| Arc::new(d.join(NVML_RECORDING))),
         };
         t.sample_now();
-        let (sampler, history, stop) = (t.sampler.clone(), t.history.clone(), t.stop.clone());
+        let (sampler, history, stop, record) = (
+            t.sampler.clone(),
+            t.history.clone(),
+            t.stop.clone(),
+            t.record.clone(),
+        );
         thread::Builder::new()
             .name("slo-nvml".into())
             .spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     thread::sleep(period);
-                    sample_into(&sampler, &history);
+                    sample_into(&sampler, &history, record.as_deref());
                 }
             })?;
         Ok(t)
@@ -806,7 +823,7 @@ impl NvmlThread {
 
     /// Samples now (besides the period), returns the snapshot and keeps it.
     pub fn sample_now(&self) -> Option<GpuSnapshot> {
-        sample_into(&self.sampler, &self.history)
+        sample_into(&self.sampler, &self.history, self.record.as_deref())
     }
 
     /// The newest snapshot.
@@ -826,10 +843,17 @@ impl Drop for NvmlThread {
     }
 }
 
-fn sample_into(sampler: &Mutex<NvmlSampler>, history: &Mutex<GpuHistory>) -> Option<GpuSnapshot> {
+fn sample_into(
+    sampler: &Mutex<NvmlSampler>,
+    history: &Mutex<GpuHistory>,
+    record: Option<&std::path::PathBuf>,
+) -> Option<GpuSnapshot> {
     // One sampler at a time, so snapshots enter the history in clock order.
     let mut s = sampler.lock().ok()?;
     let snap = s.sample(slo_probe_common::host::monotonic_ns());
+    if let Some(path) = record {
+        crate::sources::append_json_line(path, &snap);
+    }
     history.lock().ok()?.push(snap.clone());
     Some(snap)
 }

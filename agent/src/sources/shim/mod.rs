@@ -23,6 +23,10 @@ use std::{
     time::Duration,
 };
 
+use slo_probe_common::{
+    gpu::DEPTH_TIMING,
+    ring::{decode_shim_depth, encode_depth_request, next_generation, DepthDuration},
+};
 use slo_probe_core::{gpu::GpuHistory, pipeline::Pipelines};
 
 use self::transport::{register, Conn};
@@ -50,7 +54,15 @@ pub enum ShimError {
 struct State {
     conns: Vec<Conn>,
     recorder: Option<PathBuf>,
+    /// The depth last asked of each process's shim, and when.
+    requested: std::collections::HashMap<u32, (u32, std::time::Instant)>,
 }
+
+/// How long a depth request holds in the shim (renewed while it is wanted, so a stopped agent
+/// never leaves a job traced deeply for long).
+const REQUEST_TENTHS: u32 = 100;
+/// How often a standing request is renewed.
+const RENEW_AFTER: Duration = Duration::from_secs(5);
 
 /// What the consumer thread needs besides the connections.
 #[derive(Clone)]
@@ -105,6 +117,7 @@ impl ShimSource {
         let state = Arc::new(Mutex::new(State {
             conns: Vec::new(),
             recorder: record_dir,
+            requested: std::collections::HashMap::new(),
         }));
         let sinks = Sinks {
             pipelines,
@@ -230,7 +243,11 @@ fn drain_all(s: &mut State, sinks: &Sinks, flush: bool) {
     let Ok(mut pipelines) = sinks.pipelines.lock() else {
         return;
     };
-    let State { conns, recorder } = s;
+    let State {
+        conns,
+        recorder,
+        requested,
+    } = s;
     for c in conns.iter_mut() {
         let Some(p) = pipelines.get_mut(c.pid) else {
             continue;
@@ -274,6 +291,49 @@ fn drain_all(s: &mut State, sinks: &Sinks, flush: bool) {
             conns.iter().any(|c| c.pid == pid && !c.closed)
         });
     }
+    // Depth on demand: what each engine needs, asked of its shim; the shim's own depth and
+    // cost, for the snapshot.
+    for c in conns.iter().filter(|c| !c.closed) {
+        let Some(p) = pipelines.get_mut(c.pid) else {
+            continue;
+        };
+        let want = p.wanted_depth();
+        let h = c.ring.header();
+        let info = p.info_mut();
+        info.depth_wanted = want;
+        info.depth = Some(decode_shim_depth(h.depth.load(Ordering::Relaxed)));
+        info.shim_cost_ns = h.shim_counters().estimated_cost_ns();
+        let last = requested.get(&c.pid).copied();
+        let due = match last {
+            None => want > DEPTH_TIMING,
+            Some((d, at)) => d != want || (want > DEPTH_TIMING && at.elapsed() >= RENEW_AFTER),
+        };
+        if due {
+            let generation = next_generation(h.control.load(Ordering::Relaxed));
+            let duration = if want > DEPTH_TIMING {
+                DepthDuration::Tenths(REQUEST_TENTHS)
+            } else {
+                DepthDuration::UntilNext
+            };
+            h.control.store(
+                encode_depth_request(generation, want, duration),
+                Ordering::Release,
+            );
+            if last.map(|l| l.0) != Some(want) {
+                log::info!(
+                    "pid {}: asked its shim for depth {want} ({})",
+                    c.pid,
+                    if want > DEPTH_TIMING {
+                        "an SLO node breaches"
+                    } else {
+                        "attribution has what it needs"
+                    }
+                );
+            }
+            requested.insert(c.pid, (want, std::time::Instant::now()));
+        }
+    }
+    requested.retain(|pid, _| conns.iter().any(|c| c.pid == *pid && !c.closed));
     drop(history);
     drop(pipelines);
     conns.retain(|c| {
