@@ -922,6 +922,46 @@ mod tests {
         assert!(text.contains("slo_probe_runqueue_latency_seconds_bucket"));
     }
 
+    /// The whole exposition of the rich snapshot of [`crate::exporters::fixture`] (and of an
+    /// empty one), byte for byte, against `tests/fixtures/prometheus/golden-*.prom`; the build
+    /// version is masked. A change must be deliberate: rerun with `SLO_PROBE_BLESS=1` and say
+    /// why in the commit.
+    #[test]
+    fn golden_exposition() {
+        use crate::exporters::fixture::{empty_snapshot, rich_snapshot};
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/prometheus");
+        let version = format!("version=\"{}\"", env!("CARGO_PKG_VERSION"));
+        let mut failures = Vec::new();
+        for (name, snapshot, per_thread) in [
+            ("golden-node.prom", rich_snapshot(), true),
+            ("golden-node-no-threads.prom", rich_snapshot(), false),
+            ("golden-empty.prom", empty_snapshot(), true),
+        ] {
+            let text = render(&snapshot, per_thread).replace(&version, "version=\"VERSION\"");
+            let path = dir.join(name);
+            if std::env::var_os("SLO_PROBE_BLESS").is_some() {
+                std::fs::write(&path, &text).expect("bless");
+                continue;
+            }
+            let want = std::fs::read_to_string(&path).expect("golden exposition");
+            if text != want {
+                let line = text
+                    .lines()
+                    .zip(want.lines())
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(text.lines().count().min(want.lines().count()));
+                failures.push(format!(
+                    "{name}: differs from line {}: got {:?}, want {:?}",
+                    line + 1,
+                    text.lines().nth(line),
+                    want.lines().nth(line)
+                ));
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
     /// Every sample line belongs to a family declared once with HELP and TYPE before it, and
     /// every line parses as `name{labels} value`.
     #[test]
