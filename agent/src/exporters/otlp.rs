@@ -990,6 +990,62 @@ fn child_spans(
 mod tests {
     use super::*;
 
+    /// What the OTLP exporter reports for the rich snapshot of [`crate::exporters::fixture`]:
+    /// per owner (the node, or a training process) every instrument with its kind, unit and
+    /// description, and its data points in order, against
+    /// `tests/fixtures/otlp/golden-points.txt` (build version masked; `SLO_PROBE_BLESS=1` to
+    /// retake).
+    #[test]
+    fn golden_points() {
+        let snap = crate::exporters::fixture::rich_snapshot();
+        let pids: HashSet<u32> = snap.processes.iter().map(|p| p.pid).collect();
+        let text = super::super::prometheus::render(&snap, false);
+        let (mut families, mut points) = parse_exposition(&text, &pids);
+        if let Some(node) = points.get_mut(&None) {
+            add_semconv(&mut families, node);
+        }
+        let mut out = String::new();
+        let mut owners: Vec<_> = points.keys().copied().collect();
+        owners.sort();
+        for owner in owners {
+            let by_name = &points[&owner];
+            let mut names: Vec<_> = by_name.keys().collect();
+            names.sort();
+            for name in names {
+                let f = &families[name.as_str()];
+                out.push_str(&format!(
+                    "{} {name} {:?} unit={:?} help={:?}\n",
+                    owner.map_or("node".to_owned(), |p| format!("pid {p}")),
+                    f.kind,
+                    unit_of(name),
+                    f.help
+                ));
+                for p in &by_name[name] {
+                    let attrs: Vec<String> = p
+                        .attrs
+                        .iter()
+                        .map(|kv| format!("{}={:?}", kv.key, kv.value.as_str()))
+                        .collect();
+                    out.push_str(&format!("  {{{}}} {}\n", attrs.join(","), p.value));
+                }
+            }
+        }
+        let out = out.replace(env!("CARGO_PKG_VERSION"), "VERSION");
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/otlp/golden-points.txt");
+        if std::env::var_os("SLO_PROBE_BLESS").is_some() {
+            let _ = std::fs::create_dir_all(path.parent().expect("dir"));
+            std::fs::write(&path, &out).expect("bless");
+            return;
+        }
+        let want = std::fs::read_to_string(&path).expect("golden points");
+        assert!(
+            out == want,
+            "the OTLP points differ from {}",
+            path.display()
+        );
+    }
+
     #[test]
     fn samples_parse_with_escapes() {
         let (name, labels, v) =
