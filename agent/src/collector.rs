@@ -251,7 +251,7 @@ impl Collector {
     /// Reads every source once and returns the snapshot.
     pub fn tick(&mut self) -> Snapshot {
         self.ticks += 1;
-        let now = monotonic_ns();
+        let now = slo_probe_common::host::monotonic_ns();
         let rescan = self.ticks % RESCAN_TICKS == 0;
         if rescan && !self.target_cgroups.is_empty() {
             if let Some(m) = &self.cgroups {
@@ -534,9 +534,6 @@ pub fn spawn(
             collector
         })
 }
-
-/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns` and of the shim's timestamps.
-pub use slo_probe_common::host::monotonic_ns;
 
 fn self_cpu_seconds() -> f64 {
     let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
