@@ -285,6 +285,19 @@ pub struct ProcessSnapshot {
     pub rank: Option<u32>,
     /// Its job, from its environment (`SLO_PROBE_JOB`, `TORCHELASTIC_RUN_ID`, ...), when known.
     pub job_id: Option<String>,
+    /// Its executable name (`comm`), read when its shim registered.
+    pub executable: Option<String>,
+    /// Its Kubernetes pod's UID, from its cgroup path, read when its shim registered.
+    pub pod_uid: Option<String>,
+    /// Its Kubernetes pod's name (its `HOSTNAME` inside a pod), read when its shim registered.
+    pub pod_name: Option<String>,
+    /// Its Kubernetes namespace (`POD_NAMESPACE` or `K8S_NAMESPACE` in its environment), read
+    /// when its shim registered.
+    pub pod_namespace: Option<String>,
+    /// UUID of the GPU it runs on: from its environment when its shim registered (a device
+    /// plugin's `NVIDIA_VISIBLE_DEVICES` naming one GPU), else from NVML's view of its latest
+    /// iterations ([`super::Snapshot::derive`]).
+    pub gpu_uuid: Option<String>,
 }
 
 impl ProcessSnapshot {
