@@ -111,7 +111,7 @@ impl Exporter for PrometheusServer {
         snapshots: watch::Receiver<Arc<Snapshot>>,
         shutdown: watch::Receiver<bool>,
     ) -> JoinHandle<()> {
-        tokio::spawn(self.serve(snapshots, shutdown))
+        tokio::spawn((*self).serve(snapshots, shutdown))
     }
 }
 
