@@ -217,3 +217,33 @@ fn values_come_from_the_snapshot() {
     assert_eq!(buckets.iter().find(|b| b.0 > 0.04).map(|b| b.1), Some(2));
     assert!((sum - 12.040002).abs() < 1e-9, "{sum}");
 }
+
+/// Every family the collector's rules may use (`collector-config/families.txt`) is one the
+/// model exports, under that name and type: the rules cannot drift from the agent.
+#[test]
+fn the_rules_families_are_exported() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../collector-config/families.txt");
+    let listed = std::fs::read_to_string(&path).expect("families.txt");
+    let declared: Vec<&'static Family> = record(&rich_snapshot(), true)
+        .into_iter()
+        .filter_map(|c| match c {
+            Call::Family(f) => Some(f),
+            _ => None,
+        })
+        .collect();
+    let mut checked = 0;
+    for line in listed.lines() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        let Some((name, kind)) = line.split_once(' ') else {
+            continue;
+        };
+        let f = declared
+            .iter()
+            .find(|f| f.name == name)
+            .unwrap_or_else(|| panic!("{name} is in {} but not exported", path.display()));
+        assert_eq!(f.kind.as_str(), kind.trim(), "type of {name}");
+        checked += 1;
+    }
+    assert!(checked >= 10, "{checked} families checked");
+}
