@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use slo_probe::exporters::prometheus::slo::render_slo;
+use slo_probe::exporters::{model, prometheus::TextSink};
 use slo_probe_core::{attribution::DATA_LOADING_OP, pipeline::PipelineSettings, slo::SloSpec};
 use slo_probe_tests::Shims;
 
@@ -91,7 +91,7 @@ fn a_slower_job_opens_a_violation_in_the_agent() {
     // About 25 ms more per iteration.
     assert!((15e6..35e6).contains(&top.delta_ns), "{top:?}");
     let mut text = String::new();
-    render_slo(&mut text, &[p]);
+    model::slo::walk(&mut TextSink::new(&mut text), &[p]);
     assert!(text.contains(&format!(
         "slo_probe_attribution_seconds{{pid=\"{pid}\",rank=\"\",job_id=\"\",node=\"{}\",cause_rank=\"1\",op=\"(data loading)\",dimension=\"data_loading\"}}",
         v.node

@@ -6,7 +6,11 @@
 
 use std::time::{Duration, Instant};
 
-use slo_probe::{error_chain, exporters::prometheus::gpu::render_gpus, sources::nvml::NvmlSampler};
+use slo_probe::{
+    error_chain,
+    exporters::{model, prometheus::TextSink},
+    sources::nvml::NvmlSampler,
+};
 
 fn main() {
     env_logger::init();
@@ -40,7 +44,7 @@ fn main() {
     }
     if let Some(snapshot) = last {
         let mut text = String::new();
-        render_gpus(&mut text, &snapshot);
+        model::gpu::walk(&mut TextSink::new(&mut text), &snapshot);
         print!("{text}");
     }
 }

@@ -151,7 +151,8 @@ impl Default for GpuConfig {
 }
 
 /// `[otlp]`: OTLP push to a collector. The standard `OTEL_EXPORTER_OTLP_*` variables apply
-/// where a key here is left empty.
+/// where a key here is left empty: the exporter resolves them
+/// (`crate::exporters::otlp::Settings`); this is plain data.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OtlpConfig {
@@ -170,6 +171,26 @@ pub struct OtlpConfig {
     pub timeout_ms: u64,
     /// Send SLO violations as traces. Default true.
     pub traces: bool,
+}
+
+/// The OTLP transports `otlp.protocol` (and `OTEL_EXPORTER_OTLP_PROTOCOL`) may name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    /// gRPC (port 4317).
+    Grpc,
+    /// HTTP with protobuf bodies (port 4318, `/v1/metrics`, `/v1/traces`).
+    HttpProtobuf,
+}
+
+impl OtlpProtocol {
+    /// Parses `grpc` or `http/protobuf` (`http` too), any case.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "grpc" => Some(Self::Grpc),
+            "http/protobuf" | "http" => Some(Self::HttpProtobuf),
+            _ => None,
+        }
+    }
 }
 
 impl Default for OtlpConfig {
@@ -402,9 +423,7 @@ impl Config {
             ));
         }
         self.slo.validate()?;
-        if !self.otlp.protocol.is_empty()
-            && crate::exporters::otlp::Transport::parse(&self.otlp.protocol).is_none()
-        {
+        if !self.otlp.protocol.is_empty() && OtlpProtocol::parse(&self.otlp.protocol).is_none() {
             return Err(invalid(
                 "otlp.protocol",
                 &self.otlp.protocol,

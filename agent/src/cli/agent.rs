@@ -1,5 +1,5 @@
-//! `slo-probe agent`: the collector thread, the Prometheus server and the OTLP exporter on a
-//! small async runtime, until SIGINT or SIGTERM.
+//! `slo-probe agent`: the collector thread, and the exporters the config enables (the
+//! Prometheus server, the OTLP exporter) on a small async runtime, until SIGINT or SIGTERM.
 
 use std::{
     process::ExitCode,
@@ -13,14 +13,17 @@ use tokio::sync::watch;
 use crate::{
     collector::{self, Collector},
     config::Config,
-    exporters::{self, prometheus::PrometheusServer},
+    exporters::{
+        otlp::{OtlpExporter, Settings},
+        prometheus::PrometheusServer,
+        Exporter,
+    },
 };
 
 /// Runs the agent until SIGINT or SIGTERM.
 pub fn run(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
     // The OTLP settings (config and OTEL_* variables) are checked before anything starts.
-    let otlp = exporters::otlp::Settings::resolve(&config.otlp)
-        .map_err(|e| anyhow::anyhow!("OTLP: {e}"))?;
+    let otlp = Settings::resolve(&config.otlp).context("OTLP")?;
     let collector = Collector::new(&config, no_ebpf, false)?;
     if collector.ebpf_up() {
         if config.target.is_set() {
@@ -44,7 +47,8 @@ pub fn run(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
     runtime.block_on(async move {
         let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let server = if config.prometheus.enabled {
+        let mut exporters: Vec<Box<dyn Exporter>> = Vec::new();
+        if config.prometheus.enabled {
             let server =
                 PrometheusServer::bind(config.prometheus.listen, config.prometheus.per_thread)
                     .await?;
@@ -52,25 +56,18 @@ pub fn run(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
                 "serving Prometheus metrics at http://{}/metrics",
                 server.local_addr()?
             );
-            Some(tokio::spawn(server.serve(rx.clone(), shutdown_rx.clone())))
-        } else {
-            None
-        };
-        let otlp = match otlp {
-            Some(settings) => {
-                let exporter = exporters::otlp::OtlpExporter::new(
-                    settings,
-                    std::time::Duration::from_secs(config.agent.retention_s),
-                )
-                .map_err(|e| anyhow::anyhow!("OTLP: {e}"))?;
-                Some(tokio::spawn(exporters::otlp::run(
-                    exporter,
-                    rx.clone(),
-                    shutdown_rx.clone(),
-                )))
-            }
-            None => None,
-        };
+            exporters.push(Box::new(server));
+        }
+        if let Some(settings) = otlp {
+            let retention = std::time::Duration::from_secs(config.agent.retention_s);
+            exporters.push(Box::new(
+                OtlpExporter::new(settings, retention).context("OTLP")?,
+            ));
+        }
+        let running: Vec<_> = exporters
+            .into_iter()
+            .map(|e| (e.name(), e.start(rx.clone(), shutdown_rx.clone())))
+            .collect();
         let stop = Arc::new(AtomicBool::new(false));
         let handle = collector::spawn(collector, config.tick(), tx, stop.clone())
             .context("cannot start the collector thread")?;
@@ -82,11 +79,10 @@ pub fn run(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let _ = shutdown_tx.send(true);
-        if let Some(s) = server {
-            let _ = s.await;
-        }
-        if let Some(o) = otlp {
-            let _ = o.await;
+        for (name, task) in running {
+            if task.await.is_err() {
+                log::warn!("the {name} exporter panicked");
+            }
         }
         let collector = tokio::task::spawn_blocking(move || handle.join())
             .await

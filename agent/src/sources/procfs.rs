@@ -1,8 +1,11 @@
 //! Reads of `/proc`: the process tree (parents, names), used to seed the job's process set, to
 //! find processes that fork following missed, and for names of processes the probes have not
-//! seen yet; and each process's cgroups.
+//! seen yet; each process's cgroups; and what a training process is ([`ProcessIdentity`]:
+//! rank, job, executable, Kubernetes pod, GPU), read once when its shim registers.
 
 use std::collections::BTreeSet;
+
+use slo_probe_core::snapshot::ProcessSnapshot;
 
 /// One process as `/proc` shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -168,48 +171,178 @@ impl Environ {
     }
 }
 
-/// Which rank of which job a training process is, from its environment: the rank from `RANK`
-/// (torchrun), else `SLURM_PROCID`, `OMPI_COMM_WORLD_RANK` or `PMI_RANK`; the job from
-/// `SLO_PROBE_JOB`, else `TORCHELASTIC_RUN_ID`, `SLURM_JOB_ID` or `JOB_ID`. An unreadable
-/// environment gives `(None, None)`.
-pub fn job_identity(pid: u32) -> (Option<u32>, Option<String>) {
-    identity_of(&Environ::of(pid))
+/// What a training process is, read once when its shim registers (`/proc/<pid>/stat`,
+/// `cgroup` and `environ`): the exporters and reports take it from the snapshot
+/// ([`ProcessSnapshot`]) and never read `/proc` themselves. Unreadable parts are `None`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessIdentity {
+    /// Rank in the job: `RANK` (torchrun), else `SLURM_PROCID`, `OMPI_COMM_WORLD_RANK` or
+    /// `PMI_RANK`.
+    pub rank: Option<u32>,
+    /// Job: `SLO_PROBE_JOB`, else `TORCHELASTIC_RUN_ID`, `SLURM_JOB_ID` or `JOB_ID` (at most
+    /// 128 characters).
+    pub job_id: Option<String>,
+    /// Executable name (`comm`).
+    pub executable: Option<String>,
+    /// Kubernetes pod UID, from its cgroup path ([`pod_uid_of_cgroup`]).
+    pub pod_uid: Option<String>,
+    /// Kubernetes pod name: its `HOSTNAME` when `KUBERNETES_SERVICE_HOST` is set.
+    pub pod_name: Option<String>,
+    /// Kubernetes namespace: `POD_NAMESPACE`, else `K8S_NAMESPACE`.
+    pub pod_namespace: Option<String>,
+    /// The GPU its environment gives it, when that is exactly one GPU UUID
+    /// (`NVIDIA_VISIBLE_DEVICES`, as the NVIDIA device plugin sets it, or
+    /// `CUDA_VISIBLE_DEVICES`).
+    pub gpu_uuid: Option<String>,
 }
 
-/// See [`job_identity`]: `environ` is NUL-separated `KEY=value` pairs.
-pub fn parse_job_identity(environ: &[u8]) -> (Option<u32>, Option<String>) {
-    identity_of(&Environ(environ.to_vec()))
-}
+impl ProcessIdentity {
+    /// Reads what `/proc/<pid>` says.
+    pub fn read(pid: u32) -> Self {
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        Self::parse(
+            stat(pid).map(|i| i.name),
+            &parse_cgroups(&cgroup),
+            &Environ::of(pid),
+        )
+    }
 
-fn identity_of(env: &Environ) -> (Option<u32>, Option<String>) {
-    let rank = ["RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"]
+    /// From the name in its `stat`, its cgroup lines and its environment.
+    pub fn parse(executable: Option<String>, cgroups: &[CgroupLine], env: &Environ) -> Self {
+        let rank = ["RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"]
+            .iter()
+            .find_map(|k| env.get(k).and_then(|v| v.parse().ok()));
+        let job_id = [
+            "SLO_PROBE_JOB",
+            "TORCHELASTIC_RUN_ID",
+            "SLURM_JOB_ID",
+            "JOB_ID",
+        ]
         .iter()
-        .find_map(|k| env.get(k).and_then(|v| v.parse().ok()));
-    let job = [
-        "SLO_PROBE_JOB",
-        "TORCHELASTIC_RUN_ID",
-        "SLURM_JOB_ID",
-        "JOB_ID",
-    ]
-    .iter()
-    .find_map(|k| env.get(k))
-    .map(|j| j.chars().take(128).collect());
-    (rank, job)
+        .find_map(|k| env.get(k))
+        .map(|j| j.chars().take(128).collect());
+        let in_k8s = env.get("KUBERNETES_SERVICE_HOST").is_some();
+        let gpu_uuid = ["NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"]
+            .iter()
+            .find_map(|k| env.get(k))
+            .map(|v| v.trim().to_owned())
+            .filter(|v| v.starts_with("GPU-") && !v.contains(','));
+        Self {
+            rank,
+            job_id,
+            executable,
+            pod_uid: cgroups.iter().find_map(|l| pod_uid_of_cgroup(&l.path)),
+            pod_name: if in_k8s { env.get("HOSTNAME") } else { None },
+            pod_namespace: env
+                .get("POD_NAMESPACE")
+                .or_else(|| env.get("K8S_NAMESPACE")),
+            gpu_uuid,
+        }
+    }
+
+    /// Writes it into the process's snapshot fields.
+    pub fn fill(self, p: &mut ProcessSnapshot) {
+        p.rank = self.rank;
+        p.job_id = self.job_id;
+        p.executable = self.executable;
+        p.pod_uid = self.pod_uid;
+        p.pod_name = self.pod_name;
+        p.pod_namespace = self.pod_namespace;
+        p.gpu_uuid = self.gpu_uuid;
+    }
+}
+
+/// The pod UID in a cgroup path: `…/pod<uid>/…` (cgroupfs driver) or
+/// `…-pod<uid with _>.slice/…` (systemd driver).
+pub fn pod_uid_of_cgroup(path: &str) -> Option<String> {
+    path.split('/').find_map(|seg| {
+        let i = seg.rfind("pod")?;
+        let rest = seg[i + 3..].trim_end_matches(".slice");
+        let uid = rest.replace('_', "-");
+        (uid.len() == 36 && uid.chars().all(|c| c.is_ascii_hexdigit() || c == '-')).then_some(uid)
+    })
 }
 
 #[cfg(test)]
 mod identity_tests {
     use super::*;
 
+    fn identity(cgroup: &str, environ: &[u8]) -> ProcessIdentity {
+        ProcessIdentity::parse(
+            Some("python3".into()),
+            &parse_cgroups(cgroup),
+            &Environ(environ.to_vec()),
+        )
+    }
+
     #[test]
     fn rank_and_job_from_the_environment() {
-        let env = b"PATH=/bin\0RANK=3\0LOCAL_RANK=1\0TORCHELASTIC_RUN_ID=llama-42\0";
-        assert_eq!(parse_job_identity(env), (Some(3), Some("llama-42".into())));
-        let env = b"SLURM_PROCID=7\0SLURM_JOB_ID=991\0SLO_PROBE_JOB=pretrain\0";
-        assert_eq!(parse_job_identity(env), (Some(7), Some("pretrain".into())));
-        assert_eq!(parse_job_identity(b"RANK=x\0JOB_ID=\0"), (None, None));
-        assert_eq!(parse_job_identity(b""), (None, None));
-        // Our own process: readable, usually neither is set.
-        let _ = job_identity(std::process::id());
+        let id = identity(
+            "",
+            b"PATH=/bin\0RANK=3\0LOCAL_RANK=1\0TORCHELASTIC_RUN_ID=llama-42\0",
+        );
+        assert_eq!((id.rank, id.job_id.as_deref()), (Some(3), Some("llama-42")));
+        let id = identity(
+            "",
+            b"SLURM_PROCID=7\0SLURM_JOB_ID=991\0SLO_PROBE_JOB=pretrain\0",
+        );
+        assert_eq!((id.rank, id.job_id.as_deref()), (Some(7), Some("pretrain")));
+        let id = identity("", b"RANK=x\0JOB_ID=\0");
+        assert_eq!((id.rank, id.job_id), (None, None));
+        assert_eq!(
+            identity("", b""),
+            ProcessIdentity {
+                executable: Some("python3".into()),
+                ..Default::default()
+            }
+        );
+        // Our own process: readable.
+        assert!(ProcessIdentity::read(std::process::id())
+            .executable
+            .is_some());
+    }
+
+    #[test]
+    fn a_pod_from_the_cgroup_and_the_environment() {
+        let id = identity(
+            "0::/kubepods.slice/kubepods-burstable.slice/\
+             kubepods-burstable-pod8f1c2d3e_1111_2222_3333_444455556666.slice/cri-x.scope\n",
+            b"KUBERNETES_SERVICE_HOST=10.0.0.1\0HOSTNAME=trainer-0\0POD_NAMESPACE=ml\0\
+              NVIDIA_VISIBLE_DEVICES=GPU-8d6c1f2e-aaaa\0",
+        );
+        assert_eq!(
+            id.pod_uid.as_deref(),
+            Some("8f1c2d3e-1111-2222-3333-444455556666")
+        );
+        assert_eq!(id.pod_name.as_deref(), Some("trainer-0"));
+        assert_eq!(id.pod_namespace.as_deref(), Some("ml"));
+        assert_eq!(id.gpu_uuid.as_deref(), Some("GPU-8d6c1f2e-aaaa"));
+        // Outside Kubernetes HOSTNAME is the machine's; several GPUs name none.
+        let id = identity(
+            "",
+            b"HOSTNAME=node-3\0K8S_NAMESPACE=batch\0CUDA_VISIBLE_DEVICES=GPU-a,GPU-b\0",
+        );
+        assert_eq!(id.pod_name, None);
+        assert_eq!(id.pod_namespace.as_deref(), Some("batch"));
+        assert_eq!(id.gpu_uuid, None);
+        assert_eq!(identity("", b"CUDA_VISIBLE_DEVICES=0\0").gpu_uuid, None);
+    }
+
+    #[test]
+    fn pod_uid_from_both_cgroup_drivers() {
+        assert_eq!(
+            pod_uid_of_cgroup("/kubepods/burstable/pod8f1c2d3e-1111-2222-3333-444455556666/abc123")
+                .as_deref(),
+            Some("8f1c2d3e-1111-2222-3333-444455556666")
+        );
+        assert_eq!(
+            pod_uid_of_cgroup(
+                "/kubepods.slice/kubepods-burstable.slice/\
+                 kubepods-burstable-pod8f1c2d3e_1111_2222_3333_444455556666.slice/cri-x.scope"
+            )
+            .as_deref(),
+            Some("8f1c2d3e-1111-2222-3333-444455556666")
+        );
+        assert_eq!(pod_uid_of_cgroup("/user.slice/user-0.slice"), None);
     }
 }

@@ -161,9 +161,22 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Computes the views derived from several sources (once per tick, by whoever makes the
-    /// snapshot).
+    /// snapshot): the stragglers, and the GPU of each process its shim did not name (the one
+    /// NVML saw its latest aligned iteration on).
     pub fn derive(mut self) -> Self {
         self.stragglers = stragglers(&self.processes);
+        if let Some(gpus) = &self.gpus {
+            for p in self.processes.iter_mut().filter(|p| p.gpu_uuid.is_none()) {
+                // The GPU NVML saw the latest aligned iteration on.
+                p.gpu_uuid = p
+                    .iterations
+                    .iter()
+                    .rev()
+                    .find_map(|i| i.gpu.as_ref().map(|g| g.index))
+                    .and_then(|index| gpus.devices.iter().find(|d| d.index == index))
+                    .map(|d| d.uuid.clone());
+            }
+        }
         self
     }
 
@@ -191,6 +204,52 @@ mod tests {
             prev_tid: 0,
             _pad: 0,
         }
+    }
+
+    #[test]
+    fn a_process_gets_the_gpu_nvml_saw_it_on() {
+        use crate::{
+            gpu::{GpuSample, IterationGpu},
+            gputrace::Iteration,
+        };
+        let it = |index| Iteration {
+            gpu: Some(IterationGpu {
+                index,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let process = |pid, uuid: Option<&str>| {
+            let mut p = ProcessSnapshot {
+                pid,
+                gpu_uuid: uuid.map(str::to_owned),
+                ..Default::default()
+            };
+            p.set_iterations(vec![it(0), it(1), Iteration::default()].into());
+            p
+        };
+        let gpu = |index, uuid: &str| GpuSample {
+            index,
+            uuid: uuid.into(),
+            ..Default::default()
+        };
+        let snap = Snapshot {
+            processes: vec![process(1, None), process(2, Some("GPU-env"))],
+            gpus: Some(GpuSnapshot {
+                devices: vec![gpu(0, "GPU-a"), gpu(1, "GPU-b")],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+        .derive();
+        assert_eq!(snap.processes[0].gpu_uuid.as_deref(), Some("GPU-b"));
+        assert_eq!(snap.processes[1].gpu_uuid.as_deref(), Some("GPU-env"));
+        let without_nvml = Snapshot {
+            processes: vec![process(1, None)],
+            ..Default::default()
+        }
+        .derive();
+        assert_eq!(without_nvml.processes[0].gpu_uuid, None);
     }
 
     #[test]

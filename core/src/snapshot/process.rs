@@ -300,6 +300,19 @@ pub struct ProcessSnapshot {
     /// Time spent in the iterations completed since the shim registered, ns (what the cost is
     /// a share of).
     pub steps_ns: u64,
+    /// Its executable name (`comm`), read when its shim registered.
+    pub executable: Option<String>,
+    /// Its Kubernetes pod's UID, from its cgroup path, read when its shim registered.
+    pub pod_uid: Option<String>,
+    /// Its Kubernetes pod's name (its `HOSTNAME` inside a pod), read when its shim registered.
+    pub pod_name: Option<String>,
+    /// Its Kubernetes namespace (`POD_NAMESPACE` or `K8S_NAMESPACE` in its environment), read
+    /// when its shim registered.
+    pub pod_namespace: Option<String>,
+    /// UUID of the GPU it runs on: from its environment when its shim registered (a device
+    /// plugin's `NVIDIA_VISIBLE_DEVICES` naming one GPU), else from NVML's view of its latest
+    /// iterations ([`super::Snapshot::derive`]).
+    pub gpu_uuid: Option<String>,
 }
 
 impl ProcessSnapshot {

@@ -200,7 +200,8 @@ fn accept_loop(
             Ok((stream, _)) => match register(stream, me, &allowed) {
                 Ok(conn) => {
                     log::info!("CUPTI shim of pid {} registered", conn.pid);
-                    let (rank, job_id) = crate::sources::procfs::job_identity(conn.pid);
+                    // Read once here: nothing downstream reads /proc for it.
+                    let identity = crate::sources::procfs::ProcessIdentity::read(conn.pid);
                     if let Ok(mut s) = state.lock() {
                         // A re-registration replaces the old connection of that process and
                         // continues its pipeline.
@@ -208,8 +209,7 @@ fn accept_loop(
                         if let Ok(mut ps) = sinks.pipelines.lock() {
                             let info = ps.open(conn.pid).info_mut();
                             info.cupti_version = conn.cupti_version;
-                            info.rank = rank;
-                            info.job_id = job_id;
+                            identity.fill(info);
                         }
                         s.conns.push(conn);
                     }
