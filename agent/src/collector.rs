@@ -51,6 +51,9 @@ pub enum CollectorError {
     /// The SLO tree of the config is invalid.
     #[error("invalid [slo] configuration")]
     Slo(#[from] slo_probe_core::slo::SloSpecError),
+    /// The shim socket is another agent's, or not a socket.
+    #[error(transparent)]
+    Shim(#[from] crate::sources::shim::ShimError),
 }
 
 /// Reads the sources and builds snapshots.
@@ -149,14 +152,30 @@ impl Collector {
         let (shim, shim_down) = if config.shim.enabled {
             let record = (!config.shim.record_dir.as_os_str().is_empty())
                 .then(|| config.shim.record_dir.clone());
-            match ShimSource::start(
-                &config.shim.socket,
-                &config.shim.allowed_uids,
-                record,
-                pipelines.clone(),
-                nvml.as_ref().map(NvmlThread::history),
-            ) {
+            let start = |socket: &Path| {
+                ShimSource::start(
+                    socket,
+                    &config.shim.allowed_uids,
+                    record.clone(),
+                    pipelines.clone(),
+                    nvml.as_ref().map(NvmlThread::history),
+                )
+            };
+            let started = match start(&config.shim.socket) {
+                // `observe` beside an agent: its own shims get a socket of their own.
+                Err(e) if e.is_conflict() && job_only => {
+                    let own = std::env::temp_dir()
+                        .join(format!("slo-probe-observe-{}", std::process::id()))
+                        .join("shim.sock");
+                    log::info!("{}; observe listens on {} instead", e, own.display());
+                    start(&own)
+                }
+                other => other,
+            };
+            match started {
                 Ok(s) => (Some(s), String::new()),
+                // Two agents on one socket is a configuration error: stop before the probes.
+                Err(e) if e.is_conflict() => return Err(e.into()),
                 Err(e) => {
                     let reason = crate::error_chain(&e);
                     log::warn!("CUPTI shims cannot register: {reason}");
@@ -459,6 +478,11 @@ impl Collector {
                 ticks: self.ticks,
             },
             gpus,
+            shim_refused: self
+                .shim
+                .as_ref()
+                .map(ShimSource::refused)
+                .unwrap_or_default(),
         }
         .derive()
     }

@@ -8,6 +8,18 @@ pub mod config;
 pub mod exporters;
 pub mod sources;
 
+/// Characters of user input (a path, a URL, a value) that messages quote.
+pub const QUOTED_CHARS: usize = 200;
+
+/// `s` as a message quotes it: at most [`QUOTED_CHARS`] characters, then `…` (a 10 MB value in
+/// a config must not become a 10 MB log line).
+pub fn clip(s: &str) -> String {
+    match s.char_indices().nth(QUOTED_CHARS) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s.to_owned(),
+    }
+}
+
 /// An error and its sources on one line: `outer: inner: innermost`.
 pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
@@ -22,4 +34,16 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         source = s.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn long_input_is_clipped() {
+        assert_eq!(super::clip("short"), "short");
+        let long = "é".repeat(10_000);
+        let c = super::clip(&long);
+        assert_eq!(c.chars().count(), super::QUOTED_CHARS + 1);
+        assert!(c.ends_with('…'));
+    }
 }

@@ -77,14 +77,18 @@ impl Transport {
     pub fn resolve(configured: &str) -> Result<Self, String> {
         if !configured.is_empty() {
             return Self::parse(configured).ok_or_else(|| {
-                format!("otlp.protocol = {configured:?}: expected \"grpc\" or \"http/protobuf\"")
+                format!(
+                    "otlp.protocol = {:?}: expected \"grpc\" or \"http/protobuf\"",
+                    crate::clip(configured)
+                )
             });
         }
         match std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL") {
             Ok(v) if !v.is_empty() => Self::parse(&v).ok_or_else(|| {
                 format!(
-                    "OTEL_EXPORTER_OTLP_PROTOCOL={v:?}: slo-probe speaks \"grpc\" and \
-                     \"http/protobuf\""
+                    "OTEL_EXPORTER_OTLP_PROTOCOL={:?}: slo-probe speaks \"grpc\" and \
+                     \"http/protobuf\"",
+                    crate::clip(&v)
                 )
             }),
             _ => Ok(Self::Grpc),
@@ -552,6 +556,19 @@ impl Settings {
         let on = c.enabled.unwrap_or(env_endpoint || !c.endpoint.is_empty());
         if !on {
             return Ok(None);
+        }
+        // What the SDK would read from the environment is checked as the config is.
+        for var in [
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        ] {
+            if let Ok(v) = std::env::var(var) {
+                if !v.is_empty() && c.endpoint.is_empty() {
+                    crate::config::check_otlp_endpoint(&v)
+                        .map_err(|why| format!("{var}={}: {why}", crate::clip(&v)))?;
+                }
+            }
         }
         let interval = if c.interval_ms > 0 {
             Duration::from_millis(c.interval_ms)

@@ -10,11 +10,18 @@
 pub mod gpu;
 pub mod slo;
 
-use std::{convert::Infallible, fmt::Write as _, net::SocketAddr, sync::Arc};
+use std::{
+    collections::BTreeMap,
+    convert::Infallible,
+    fmt::Write as _,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use http_body_util::Full;
 use hyper::{body::Bytes, server::conn::http1, service::service_fn, Method, Request, Response};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use slo_probe_common::Counter;
 use slo_probe_core::{
     cgroup::{CgroupRow, CpuStat},
@@ -24,12 +31,24 @@ use slo_probe_core::{
     straggler::RankView,
     threads::{RunqCounts, ThreadCounts, ThreadsSnapshot},
 };
-use tokio::{net::TcpListener, sync::watch};
+use tokio::{
+    net::TcpListener,
+    sync::{oneshot, watch},
+};
 
 /// First exported slot: bucket `le = 2^10 ns` (1.024 µs) holds every shorter wait too.
 const FIRST_SLOT: usize = 9;
 /// Last exported finite slot: `le = 2^34 ns` (17.2 s).
 const LAST_SLOT: usize = 33;
+
+/// Connections served at once; a new one beyond this closes the oldest.
+pub const MAX_HTTP_CONNECTIONS: usize = 64;
+
+/// Time a client has to send the headers of a request.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Longest life of one connection, keep-alive included (a scraper reconnects).
+pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(120);
 
 /// Content type of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -576,13 +595,16 @@ fn render_shims(out: &mut String, snapshot: &Snapshot) {
         "counter",
         "GPU records lost: ring_full (the shim dropped rather than block the job), cupti \
          (CUPTI's own buffers overflowed), strings_full (kernel or operator names beyond the \
-         agent's 65536 per process; their kernels are counted unnamed).",
+         agent's 65536 per process; their kernels are counted unnamed), tables_full (records \
+         beyond the agent's per-process caps: activities pending without an iteration, open \
+         steps, CUDA graphs).",
     );
     for p in shims {
         for (reason, n) in [
             ("ring_full", p.dropped),
             ("cupti", p.cupti_dropped),
             ("strings_full", p.strings_dropped),
+            ("tables_full", p.capped),
         ] {
             let _ = writeln!(
                 out,
@@ -590,6 +612,36 @@ fn render_shims(out: &mut String, snapshot: &Snapshot) {
                 proc_labels(p)
             );
         }
+    }
+    header(
+        out,
+        "slo_probe_shim_corrupt_bytes_total",
+        "counter",
+        "Bytes of a shim's ring that the agent skipped as corrupt (a bad record length, or a \
+         producer further ahead than the ring holds).",
+    );
+    for p in shims {
+        let _ = writeln!(
+            out,
+            "slo_probe_shim_corrupt_bytes_total{{{}}} {}",
+            proc_labels(p),
+            p.corrupt_bytes
+        );
+    }
+    header(
+        out,
+        "slo_probe_shim_refused_total",
+        "counter",
+        "Shim connections the agent refused, by reason: uid (not allowed), timeout (no hello \
+         in time), pending_cap (too many handshakes of one uid), process_cap, fd_limit, \
+         hello, fds (not exactly one descriptor), pid, ring_size, unsealed (the ring is not a \
+         sealed memfd), map, io, peer_cred.",
+    );
+    for (reason, n) in &snapshot.shim_refused {
+        let _ = writeln!(
+            out,
+            "slo_probe_shim_refused_total{{reason=\"{reason}\"}} {n}"
+        );
     }
     header(
         out,
@@ -764,27 +816,60 @@ impl PrometheusServer {
         self.listener.local_addr()
     }
 
-    /// Serves `/metrics` from the latest snapshot until `shutdown` turns true.
+    /// Serves `/metrics` from the latest snapshot until `shutdown` turns true. Each
+    /// connection has [`HEADER_TIMEOUT`] to send a request's headers and lives at most
+    /// [`CONNECTION_LIFETIME`]; beyond [`MAX_HTTP_CONNECTIONS`] at once a new connection closes
+    /// the oldest, so idle or slow clients cannot lock scrapers out or use up descriptors.
     pub async fn serve(
         self,
         snapshots: watch::Receiver<Arc<Snapshot>>,
         mut shutdown: watch::Receiver<bool>,
     ) {
+        let live: Arc<Mutex<BTreeMap<u64, oneshot::Sender<()>>>> = Arc::default();
+        let mut next_id = 0u64;
         loop {
             tokio::select! {
                 accepted = self.listener.accept() => {
-                    let Ok((stream, _)) = accepted else { continue };
+                    let stream = match accepted {
+                        Ok((stream, _)) => stream,
+                        Err(e) => {
+                            // Out of descriptors, most likely: do not spin on it.
+                            log::debug!("Prometheus accept failed: {e}");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    };
+                    next_id += 1;
+                    let id = next_id;
+                    let (close_tx, close_rx) = oneshot::channel();
+                    if let Ok(mut l) = live.lock() {
+                        while l.len() >= MAX_HTTP_CONNECTIONS {
+                            // Dropping the sender closes that connection.
+                            l.pop_first();
+                        }
+                        l.insert(id, close_tx);
+                    }
                     let snapshots = snapshots.clone();
                     let per_thread = self.per_thread;
+                    let live = live.clone();
                     tokio::spawn(async move {
                         let service = service_fn(move |req| {
                             let snapshot = snapshots.borrow().clone();
                             async move { Ok::<_, Infallible>(respond(&req, &snapshot, per_thread)) }
                         });
+                        let conn = http1::Builder::new()
+                            .timer(TokioTimer::new())
+                            .header_read_timeout(HEADER_TIMEOUT)
+                            .serve_connection(TokioIo::new(stream), service);
                         // A client that hangs up mid-response is not the agent's problem.
-                        let _ = http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), service)
-                            .await;
+                        tokio::select! {
+                            _ = conn => {}
+                            _ = close_rx => {}
+                            _ = tokio::time::sleep(CONNECTION_LIFETIME) => {}
+                        }
+                        if let Ok(mut l) = live.lock() {
+                            l.remove(&id);
+                        }
                     });
                 }
                 _ = shutdown.changed() => break,
