@@ -54,7 +54,10 @@ pub const DEFAULT_SOCKET: &str = "/run/slo-probe/shim.sock";
 pub const HANDSHAKE_MS: u64 = 1000;
 
 /// Handshakes in flight per uid.
-pub const MAX_PENDING_PER_UID: usize = 16;
+pub const MAX_PENDING_PER_UID: usize = 32;
+
+/// Connections accepted between two polls of the handshakes in flight.
+const ACCEPT_BATCH: usize = MAX_PENDING_PER_UID / 2;
 
 /// Handshakes in flight in all.
 pub const MAX_PENDING: usize = 256;
@@ -517,10 +520,12 @@ impl Accept {
         }
     }
 
-    /// Accepts what is queued (at most 64, so that handshakes in flight get their turn);
+    /// Accepts what is queued (at most [`ACCEPT_BATCH`], fewer than a uid may have in flight,
+    /// so that a hello that arrives just after its connection is read before a flood of newer
+    /// connections of the same uid can push it out);
     /// returns until when to stop listening (out of descriptors).
     fn accept_ready(&self, pending: &mut VecDeque<Pending>) -> Option<Instant> {
-        for _ in 0..64 {
+        for _ in 0..ACCEPT_BATCH {
             let stream = match self.listener.accept() {
                 Ok((s, _)) => s,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
@@ -674,10 +679,20 @@ fn drain_all(s: &mut State, sinks: &Sinks, flush: bool) {
     }
     drop(history);
     drop(pipelines);
+    let before = conns.len();
     conns.retain(|c| {
         if c.closed {
             log::info!("CUPTI shim of pid {} disconnected", c.pid);
         }
         !c.closed
     });
+    if conns.len() < before {
+        // A gone process's tables were freed (its pipeline was released when it finished,
+        // above); give the memory back to the system rather than keep it in malloc's arenas.
+        #[cfg(target_env = "gnu")]
+        // SAFETY: malloc_trim has no preconditions.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    }
 }
