@@ -434,10 +434,14 @@ impl Collector {
                         host::sample_of(&mine, now, threads.as_ref(), net.as_ref(), &cgroups);
                     pipelines.push_host(pid, sample);
                 }
-                for pid in pipelines.retire(self.retention_ns) {
+                let retired = pipelines.retire(self.retention_ns);
+                for pid in &retired {
                     log::info!(
                         "training process {pid} ended more than agent.retention_s ago: dropped"
                     );
+                }
+                if !retired.is_empty() {
+                    crate::release_memory();
                 }
                 pipelines.snapshot()
             }

@@ -20,6 +20,28 @@ pub fn clip(s: &str) -> String {
     }
 }
 
+/// Gives memory that was freed back to the system (glibc keeps freed memory in its arenas
+/// otherwise): after a gone process's tables are dropped.
+pub fn release_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Large allocations (a process's tables) get their own mappings, returned to the system when
+/// freed: glibc would otherwise raise its mmap threshold after the first large free and keep
+/// later ones in arena heaps that `malloc_trim` cannot shrink. Called once at start.
+pub fn tune_allocator() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt has no preconditions; fixed values also stop the dynamic adjustment.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 20);
+    }
+}
+
 /// An error and its sources on one line: `outer: inner: innermost`.
 pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();

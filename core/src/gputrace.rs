@@ -386,15 +386,18 @@ pub const MAX_OPEN_STEPS: usize = 4096;
 
 /// CUDA graphs an assembler counts and profiles; launches and nodes of further graphs are
 /// counted in [`TraceAssembler::capped`].
-pub const MAX_GRAPHS: usize = 4096;
+pub const MAX_GRAPHS: usize = 1024;
 
 /// Operators a graph's profile keeps ([`TraceAssembler::graph_ops`] reports the top
 /// [`GRAPH_OPS`]).
 pub const MAX_GRAPH_KERNELS: usize = 1024;
 
+/// Operators all graph profiles keep together.
+pub const MAX_GRAPH_ENTRIES: usize = 1 << 16;
+
 /// Bytes of kernel and operator names an assembler keeps (together), and of one name; further
 /// names are dropped, longer ones cut, both counted in [`TraceAssembler::strings_dropped`].
-pub const MAX_STRING_BYTES: usize = 8 << 20;
+pub const MAX_STRING_BYTES: usize = 4 << 20;
 /// See [`MAX_STRING_BYTES`].
 pub const MAX_STRING_LEN: usize = 4096;
 
@@ -517,6 +520,8 @@ pub struct TraceAssembler {
     pub strings_dropped: u64,
     /// Bytes of the names kept.
     string_bytes: usize,
+    /// Entries of `graph_contents`, all graphs together.
+    graph_entries: usize,
     /// Records dropped because a table was full ([`MAX_PENDING`], [`MAX_OPEN_STEPS`],
     /// [`MAX_GRAPHS`], [`MAX_GRAPH_KERNELS`]).
     pub capped: u64,
@@ -704,19 +709,24 @@ impl TraceAssembler {
                     a.op_id = self.node_ops.get(&k.graph_node_id).copied().unwrap_or(0);
                 }
                 if k.graph_id != 0 {
-                    let full = self.graph_contents.len() >= MAX_GRAPHS;
+                    let key = (a.op_id, a.name_id);
+                    let room = self.graph_entries < MAX_GRAPH_ENTRIES;
+                    let graphs_full = self.graph_contents.len() >= MAX_GRAPHS;
                     match self.graph_contents.get_mut(&k.graph_id) {
-                        Some(c)
-                            if c.len() < MAX_GRAPH_KERNELS
-                                || c.contains_key(&(a.op_id, a.name_id)) =>
-                        {
-                            *c.entry((a.op_id, a.name_id)).or_default() += a.duration_ns();
+                        Some(c) if c.contains_key(&key) => {
+                            *c.entry(key).or_default() += a.duration_ns();
                             self.graph_contents_changed = true;
                         }
-                        None if !full => {
+                        Some(c) if room && c.len() < MAX_GRAPH_KERNELS => {
+                            c.insert(key, a.duration_ns());
+                            self.graph_entries += 1;
+                            self.graph_contents_changed = true;
+                        }
+                        None if room && !graphs_full => {
                             let mut c = FxHashMap::default();
-                            c.insert((a.op_id, a.name_id), a.duration_ns());
+                            c.insert(key, a.duration_ns());
                             self.graph_contents.insert(k.graph_id, c);
+                            self.graph_entries += 1;
                             self.graph_contents_changed = true;
                         }
                         _ => self.capped += 1,
@@ -1536,6 +1546,8 @@ mod tests {
         assert!(t.pending.len() <= MAX_PENDING);
         assert!(t.graph_counts.len() <= MAX_GRAPHS);
         assert!(t.graph_contents.len() <= MAX_GRAPHS);
+        let entries: usize = t.graph_contents.values().map(|c| c.len()).sum();
+        assert!(entries <= MAX_GRAPH_ENTRIES && entries == t.graph_entries);
         assert!(t.string_bytes <= MAX_STRING_BYTES);
         assert!(t.names.values().all(|n| n.len() <= MAX_STRING_LEN));
         assert!(t.capped > 100_000, "{}", t.capped);

@@ -43,6 +43,9 @@ pub const NVML_WAIT_NS: u64 = 2_000_000_000;
 /// iteration does not pay).
 const HOST_EARLY_LIVE: usize = 128;
 
+/// How often a live view's graph profiles are rebuilt, ns.
+const GRAPH_OPS_PERIOD_NS: u64 = 1_000_000_000;
+
 /// Host samples a recording's pipeline keeps before its windows are fitted.
 const HOST_EARLY_RECORDING: usize = 4096;
 
@@ -146,6 +149,8 @@ pub struct ProcessPipeline {
     decode_failed: u64,
     /// CLOCK_MONOTONIC ns of the last advance.
     now_ns: u64,
+    /// When the view's graph profiles were last rebuilt, ns.
+    graph_ops_at: u64,
 }
 
 impl ProcessPipeline {
@@ -174,6 +179,7 @@ impl ProcessPipeline {
             markers_ignored: 0,
             decode_failed: 0,
             now_ns: 0,
+            graph_ops_at: 0,
         })
     }
 
@@ -362,8 +368,12 @@ impl ProcessPipeline {
         v.strings_dropped = self.asm.strings_dropped;
         v.capped = self.asm.capped;
         v.decode_failed = self.decode_failed;
-        if let Some(g) = self.asm.graph_ops() {
-            v.graph_ops = Arc::new(g);
+        // Rebuilt at most once a second (it walks every graph's profile), and at the end.
+        if self.finished || self.now_ns >= self.graph_ops_at + GRAPH_OPS_PERIOD_NS {
+            if let Some(g) = self.asm.graph_ops() {
+                v.graph_ops = Arc::new(g);
+                self.graph_ops_at = self.now_ns;
+            }
         }
         if let Some(e) = &self.engine {
             let windows = e.snapshot_windows();

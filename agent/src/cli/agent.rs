@@ -40,6 +40,7 @@ pub fn check_startup(config: &Config) -> anyhow::Result<Option<exporters::otlp::
 /// Runs the agent until SIGINT or SIGTERM.
 pub fn run(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
     let otlp = check_startup(&config)?;
+    crate::tune_allocator();
     let collector = Collector::new(&config, no_ebpf, false)?;
     if collector.ebpf_up() {
         if config.target.is_set() {

@@ -32,7 +32,7 @@ use slo_probe_core::{
     threads::{RunqCounts, ThreadCounts, ThreadsSnapshot},
 };
 use tokio::{
-    net::TcpListener,
+    net::{TcpListener, TcpSocket},
     sync::{oneshot, watch},
 };
 
@@ -43,6 +43,9 @@ const LAST_SLOT: usize = 33;
 
 /// Connections served at once; a new one beyond this closes the oldest.
 pub const MAX_HTTP_CONNECTIONS: usize = 64;
+
+/// Listen backlog of the endpoint (the kernel caps it at `net.core.somaxconn`).
+const ACCEPT_BACKLOG: u32 = 4096;
 
 /// Time a client has to send the headers of a request.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -802,9 +805,19 @@ pub struct PrometheusServer {
 impl PrometheusServer {
     /// Binds the listen address (port 0 picks a free port).
     pub async fn bind(addr: SocketAddr, per_thread: bool) -> Result<Self, PrometheusError> {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| PrometheusError::Bind { addr, source })?;
+        // A deep accept queue: a burst of connections (most of them closed again at once by
+        // the connection cap) must not make the kernel drop a scraper's SYN (a 1 s retry).
+        let bind = || -> std::io::Result<TcpListener> {
+            let socket = if addr.is_ipv4() {
+                TcpSocket::new_v4()?
+            } else {
+                TcpSocket::new_v6()?
+            };
+            socket.set_reuseaddr(true)?;
+            socket.bind(addr)?;
+            socket.listen(ACCEPT_BACKLOG)
+        };
+        let listener = bind().map_err(|source| PrometheusError::Bind { addr, source })?;
         Ok(Self {
             listener,
             per_thread,
@@ -827,6 +840,7 @@ impl PrometheusServer {
     ) {
         let live: Arc<Mutex<BTreeMap<u64, oneshot::Sender<()>>>> = Arc::default();
         let mut next_id = 0u64;
+        let cache = RenderCache::start(snapshots.clone(), self.per_thread);
         loop {
             tokio::select! {
                 accepted = self.listener.accept() => {
@@ -852,10 +866,20 @@ impl PrometheusServer {
                     let snapshots = snapshots.clone();
                     let per_thread = self.per_thread;
                     let live = live.clone();
+                    let cache = cache.clone();
                     tokio::spawn(async move {
-                        let service = service_fn(move |req| {
+                        let service = service_fn(move |req: Request<hyper::body::Incoming>| {
                             let snapshot = snapshots.borrow().clone();
-                            async move { Ok::<_, Infallible>(respond(&req, &snapshot, per_thread)) }
+                            let cached = (req.method() == Method::GET
+                                && req.uri().path() == "/metrics")
+                                .then(|| cache.get(&snapshot))
+                                .flatten();
+                            async move {
+                                Ok::<_, Infallible>(match cached {
+                                    Some(body) => metrics_response(body),
+                                    None => respond(&req, &snapshot, per_thread),
+                                })
+                            }
                         });
                         let conn = http1::Builder::new()
                             .timer(TokioTimer::new())
@@ -876,6 +900,56 @@ impl PrometheusServer {
             }
         }
     }
+}
+
+/// `/metrics` of the latest snapshot, rendered once per snapshot off the I/O thread (a
+/// blocking-pool thread), so that a scrape costs a copy and many scrapers cost one render per
+/// tick. A scrape that comes before the latest snapshot's render is done renders it itself.
+#[derive(Clone)]
+struct RenderCache {
+    latest: Arc<Mutex<Option<(Arc<Snapshot>, Bytes)>>>,
+}
+
+impl RenderCache {
+    fn start(mut snapshots: watch::Receiver<Arc<Snapshot>>, per_thread: bool) -> Self {
+        let cache = Self {
+            latest: Arc::default(),
+        };
+        let latest = cache.latest.clone();
+        tokio::spawn(async move {
+            loop {
+                let snap = snapshots.borrow_and_update().clone();
+                let s = snap.clone();
+                let Ok(body) =
+                    tokio::task::spawn_blocking(move || Bytes::from(render(&s, per_thread))).await
+                else {
+                    break;
+                };
+                if let Ok(mut l) = latest.lock() {
+                    *l = Some((snap, body));
+                }
+                if snapshots.changed().await.is_err() {
+                    break;
+                }
+            }
+        });
+        cache
+    }
+
+    /// The rendering of `snapshot`, if it is done.
+    fn get(&self, snapshot: &Arc<Snapshot>) -> Option<Bytes> {
+        let l = self.latest.lock().ok()?;
+        let (s, body) = l.as_ref()?;
+        Arc::ptr_eq(s, snapshot).then(|| body.clone())
+    }
+}
+
+fn metrics_response(body: Bytes) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(200)
+        .header("content-type", CONTENT_TYPE)
+        .body(Full::new(body))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
 }
 
 fn respond<B>(req: &Request<B>, snapshot: &Snapshot, per_thread: bool) -> Response<Full<Bytes>> {

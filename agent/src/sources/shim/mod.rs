@@ -688,11 +688,7 @@ fn drain_all(s: &mut State, sinks: &Sinks, flush: bool) {
     });
     if conns.len() < before {
         // A gone process's tables were freed (its pipeline was released when it finished,
-        // above); give the memory back to the system rather than keep it in malloc's arenas.
-        #[cfg(target_env = "gnu")]
-        // SAFETY: malloc_trim has no preconditions.
-        unsafe {
-            libc::malloc_trim(0);
-        }
+        // above).
+        crate::release_memory();
     }
 }
