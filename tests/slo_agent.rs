@@ -128,6 +128,15 @@ const SCRAPE_SHARE: f64 = 0.95;
 /// No scrape may take this long, ever.
 const SCRAPE_STALL: Duration = Duration::from_secs(2);
 
+/// The agent binary: `$SLO_PROBE_BIN` (another build, e.g. the release one or one from before
+/// a change, for comparisons), else this workspace's, built first.
+fn agent_binary() -> PathBuf {
+    match std::env::var_os("SLO_PROBE_BIN") {
+        Some(b) if !b.is_empty() => PathBuf::from(b),
+        _ => slo_probe_tests::artefact("slo-probe", "slo-probe"),
+    }
+}
+
 /// A running `slo-probe agent --no-ebpf` with a test config.
 struct Agent {
     child: std::process::Child,
@@ -141,7 +150,7 @@ impl Agent {
     /// Starts the agent with `extra` appended to its config, under a 1,024-descriptor limit
     /// (the usual default that the attacks exhausted).
     fn start(tag: &str, extra: &str) -> Self {
-        let bin = slo_probe_tests::artefact("slo-probe", "slo-probe");
+        let bin = agent_binary();
         let dir =
             std::env::temp_dir().join(format!("slo-probe-agent-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -510,4 +519,138 @@ fn hostile_clients_neither_bloat_nor_stall_the_agent() {
         agent.log_text()
     );
     assert!(m.contains("slo_probe_shim_corrupt_bytes_total"));
+}
+
+/// Item 6: a connection that sends no complete request is closed after the header deadline,
+/// and a burst of idle connections beyond the cap closes the oldest ones (before the fix both
+/// stayed open for good).
+#[test]
+fn idle_http_connections_are_closed() {
+    let agent = Agent::start("http", "");
+    let mut idle = TcpStream::connect(agent.addr).expect("connect");
+    idle.write_all(b"GET /metrics HTTP/1.1\r\n")
+        .expect("partial request");
+    idle.set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("timeout");
+    let t0 = Instant::now();
+    let mut buf = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut idle, &mut buf);
+    let took = t0.elapsed();
+    eprintln!("a partial request was closed after {took:?}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    let before = hostile::open_fds(agent.pid());
+    let held: Vec<TcpStream> = (0..500)
+        .filter_map(|_| TcpStream::connect(agent.addr).ok())
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let during = hostile::open_fds(agent.pid());
+    eprintln!(
+        "agent descriptors: {before} before, {during} with {} idle clients",
+        held.len()
+    );
+    assert!(during < before + 100, "{during} descriptors");
+    let (status, _) = slo_probe_tests::http_get(agent.addr, "/metrics").expect("scrape");
+    assert_eq!(status, 200);
+}
+
+/// Runs `slo-probe <args>` with `env`; exit status and stderr.
+fn run_cli(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let mut cmd = Command::new(agent_binary());
+    cmd.args(args).env_remove("OTEL_EXPORTER_OTLP_ENDPOINT");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("slo-probe");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Items 7–9: what the agent refuses at start, `config check` refuses too, with a short clear
+/// message: https and malformed OTLP endpoints (a 10 MB one quoted cut), in the config or the
+/// environment, and a regular file at `shim.socket` (left as it was); a second agent on a
+/// socket fails and leaves the first one's socket alone.
+#[test]
+fn config_check_refuses_what_the_agent_refuses() {
+    let dir = std::env::temp_dir().join(format!("slo-probe-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let write = |name: &str, body: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, body).expect("config");
+        p.display().to_string()
+    };
+    let addr = slo_probe_tests::free_addr();
+    let base = format!(
+        "[agent]\ntick_ms = 500\n[prometheus]\nlisten = \"{addr}\"\n[gpu]\nnvml = false\n\
+         [shim]\nsocket = \"{}\"\n",
+        dir.join("shim.sock").display()
+    );
+    let long = format!("http://{}", "a".repeat(10 << 20));
+    for (name, otlp, why) in [
+        ("https.toml", "https://otel:4317".to_owned(), "TLS"),
+        ("bad.toml", "http://[::1".to_owned(), "otlp.endpoint"),
+        ("port.toml", "http://otel:99999".to_owned(), "otlp.endpoint"),
+        ("long.toml", long, "otlp.endpoint"),
+    ] {
+        let path = write(name, &format!("{base}[otlp]\nendpoint = \"{otlp}\"\n"));
+        for args in [
+            vec!["config", "check", &path],
+            vec!["agent", "--no-ebpf", "--config", &path],
+        ] {
+            let (ok, err) = run_cli(&args, &[]);
+            assert!(!ok, "{args:?} passed");
+            assert!(
+                err.contains(why),
+                "{args:?}: {}",
+                &err[..err.len().min(500)]
+            );
+            assert!(err.len() < 2000, "{args:?}: {} bytes of error", err.len());
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+    let plain = write("plain.toml", &base);
+    let (ok, err) = run_cli(
+        &["config", "check", &plain],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://otel:4318")],
+    );
+    assert!(!ok && err.contains("OTEL_EXPORTER_OTLP_ENDPOINT"), "{err}");
+    let (ok, err) = run_cli(&["config", "check", &plain], &[]);
+    assert!(ok, "{err}");
+
+    // A decoy file at shim.socket: refused by both, never replaced.
+    let decoy = dir.join("decoy");
+    std::fs::write(&decoy, b"precious").expect("decoy");
+    let path = write(
+        "decoy.toml",
+        &format!(
+            "[prometheus]\nlisten = \"{addr}\"\n[gpu]\nnvml = false\n[shim]\nsocket = \"{}\"\n",
+            decoy.display()
+        ),
+    );
+    for args in [
+        vec!["config", "check", &path],
+        vec!["agent", "--no-ebpf", "--config", &path],
+    ] {
+        let (ok, err) = run_cli(&args, &[]);
+        assert!(!ok && err.contains("not a socket"), "{args:?}: {err}");
+    }
+    assert_eq!(std::fs::read(&decoy).expect("decoy"), b"precious");
+
+    // A second agent on a running agent's socket.
+    let first = Agent::start("first", "");
+    let second = write(
+        "second.toml",
+        &format!(
+            "[prometheus]\nlisten = \"{}\"\n[gpu]\nnvml = false\n[shim]\nsocket = \"{}\"\n",
+            slo_probe_tests::free_addr(),
+            first.socket.display()
+        ),
+    );
+    let (ok, err) = run_cli(&["agent", "--no-ebpf", "--config", &second], &[]);
+    assert!(!ok && err.contains("owns the shim socket"), "{err}");
+    assert!(first.socket.exists(), "the first agent's socket is gone");
+    let ring = HostileRing::new("hostile-second", hostile::ring_len(1 << 16), true).expect("ring");
+    let _conn = hostile::register(&first.socket, &ring).expect("the first agent still listens");
+    let _ = std::fs::remove_dir_all(&dir);
 }
