@@ -608,7 +608,7 @@ pub mod hostile {
 
     impl Rng {
         /// The next value.
-        pub fn next(&mut self) -> u64 {
+        pub fn next_u64(&mut self) -> u64 {
             self.0 ^= self.0 << 13;
             self.0 ^= self.0 >> 7;
             self.0 ^= self.0 << 17;
@@ -620,7 +620,7 @@ pub mod hostile {
         let n = std::mem::size_of::<R>();
         let at = out.len();
         while out.len() < at + n {
-            out.extend_from_slice(&rng.next().to_ne_bytes());
+            out.extend_from_slice(&rng.next_u64().to_ne_bytes());
         }
         out.truncate(at + n);
         let h = RecordHeader::of::<R>();
@@ -633,7 +633,7 @@ pub mod hostile {
     /// (cleared first).
     pub fn random_record(rng: &mut Rng, out: &mut Vec<u8>) {
         out.clear();
-        match rng.next() % 7 {
+        match rng.next_u64() % 7 {
             0 => random_fixed::<GpuKernelRecord>(rng, out),
             1 => random_fixed::<GpuGraphRecord>(rng, out),
             2 => random_fixed::<GpuMemRecord>(rng, out),
@@ -641,11 +641,13 @@ pub mod hostile {
             4 => random_fixed::<GpuEventRecord>(rng, out),
             5 => random_fixed::<StepRecord>(rng, out),
             _ => {
-                let len = (rng.next() % 512) as usize;
-                let name: Vec<u8> = (0..len).map(|_| b'a' + (rng.next() % 26) as u8).collect();
+                let len = (rng.next_u64() % 512) as usize;
+                let name: Vec<u8> = (0..len)
+                    .map(|_| b'a' + (rng.next_u64() % 26) as u8)
+                    .collect();
                 out.resize(16 + name.len() + 16, 0);
-                let kind = 1 + (rng.next() % 2) as u32;
-                let n = StringRecord::encode(rng.next() as u32, kind, &name, out);
+                let kind = 1 + (rng.next_u64() % 2) as u32;
+                let n = StringRecord::encode(rng.next_u64() as u32, kind, &name, out);
                 out.truncate(n);
             }
         }

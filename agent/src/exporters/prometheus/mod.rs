@@ -907,8 +907,11 @@ impl PrometheusServer {
 /// tick. A scrape that comes before the latest snapshot's render is done renders it itself.
 #[derive(Clone)]
 struct RenderCache {
-    latest: Arc<Mutex<Option<(Arc<Snapshot>, Bytes)>>>,
+    latest: Arc<Mutex<Option<Rendered>>>,
 }
+
+/// A snapshot and its exposition.
+type Rendered = (Arc<Snapshot>, Bytes);
 
 impl RenderCache {
     fn start(mut snapshots: watch::Receiver<Arc<Snapshot>>, per_thread: bool) -> Self {
