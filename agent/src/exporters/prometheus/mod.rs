@@ -15,7 +15,10 @@ use std::{
     convert::Infallible,
     fmt::Write as _,
     net::SocketAddr,
-    sync::{Arc, Mutex},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
     time::Duration,
 };
 
@@ -838,7 +841,7 @@ impl PrometheusServer {
         snapshots: watch::Receiver<Arc<Snapshot>>,
         mut shutdown: watch::Receiver<bool>,
     ) {
-        let live: Arc<Mutex<BTreeMap<u64, oneshot::Sender<()>>>> = Arc::default();
+        let live: Arc<Mutex<BTreeMap<u64, Live>>> = Arc::default();
         let mut next_id = 0u64;
         let cache = RenderCache::start(snapshots.clone(), self.per_thread);
         loop {
@@ -856,12 +859,21 @@ impl PrometheusServer {
                     next_id += 1;
                     let id = next_id;
                     let (close_tx, close_rx) = oneshot::channel();
+                    let requests = Arc::new(AtomicU64::new(0));
                     if let Ok(mut l) = live.lock() {
                         while l.len() >= MAX_HTTP_CONNECTIONS {
-                            // Dropping the sender closes that connection.
-                            l.pop_first();
+                            // Dropping its sender closes a connection.
+                            let Some(victim) = evictee(&l) else { break };
+                            l.remove(&victim);
                         }
-                        l.insert(id, close_tx);
+                        l.insert(
+                            id,
+                            Live {
+                                fd: std::os::fd::AsRawFd::as_raw_fd(&stream),
+                                requests: requests.clone(),
+                                _close: close_tx,
+                            },
+                        );
                     }
                     let snapshots = snapshots.clone();
                     let per_thread = self.per_thread;
@@ -869,10 +881,11 @@ impl PrometheusServer {
                     let cache = cache.clone();
                     tokio::spawn(async move {
                         let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+                            requests.fetch_add(1, Ordering::Relaxed);
                             let snapshot = snapshots.borrow().clone();
                             let cached = (req.method() == Method::GET
                                 && req.uri().path() == "/metrics")
-                                .then(|| cache.get(&snapshot))
+                                .then(|| cache.get())
                                 .flatten();
                             async move {
                                 Ok::<_, Infallible>(match cached {
@@ -902,16 +915,50 @@ impl PrometheusServer {
     }
 }
 
-/// `/metrics` of the latest snapshot, rendered once per snapshot off the I/O thread (a
-/// blocking-pool thread), so that a scrape costs a copy and many scrapers cost one render per
-/// tick. A scrape that comes before the latest snapshot's render is done renders it itself.
-#[derive(Clone)]
-struct RenderCache {
-    latest: Arc<Mutex<Option<Rendered>>>,
+/// A connection being served.
+struct Live {
+    /// Its socket (for `FIONREAD`; the entry goes before the socket closes).
+    fd: std::os::fd::RawFd,
+    /// Requests it has sent so far.
+    requests: Arc<AtomicU64>,
+    /// Dropped to close it.
+    _close: oneshot::Sender<()>,
 }
 
-/// A snapshot and its exposition.
-type Rendered = (Arc<Snapshot>, Bytes);
+/// Which connection a new one replaces when [`MAX_HTTP_CONNECTIONS`] are open: the oldest that
+/// has had no request and has nothing waiting to be read (idle, or slow: what it sent was read
+/// and is no request yet; a scraper's request waits in its socket until it is read), else the
+/// oldest that was served and has nothing waiting (keep-alive), else the oldest.
+fn evictee(live: &BTreeMap<u64, Live>) -> Option<u64> {
+    let waiting = |c: &Live| {
+        let mut n: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int; on a descriptor that is no longer this socket it
+        // fails or answers for another file, which only changes the choice.
+        let rc = unsafe { libc::ioctl(c.fd, libc::FIONREAD, &mut n) };
+        rc == 0 && n > 0
+    };
+    let quiet = live
+        .iter()
+        .find(|(_, c)| c.requests.load(Ordering::Relaxed) == 0 && !waiting(c));
+    let served = || {
+        live.iter()
+            .find(|(_, c)| c.requests.load(Ordering::Relaxed) > 0 && !waiting(c))
+    };
+    quiet
+        .or_else(served)
+        .or_else(|| live.iter().next())
+        .map(|(&id, _)| id)
+}
+
+/// `/metrics` of the latest snapshot, rendered once per snapshot off the I/O thread (a
+/// blocking-pool thread), so that a scrape costs a copy and many scrapers cost one render per
+/// tick. A scrape that comes while the latest snapshot is being rendered gets the previous
+/// one's (as if it had come a few milliseconds earlier); only a scrape before the first render
+/// renders itself.
+#[derive(Clone)]
+struct RenderCache {
+    latest: Arc<Mutex<Option<Bytes>>>,
+}
 
 impl RenderCache {
     fn start(mut snapshots: watch::Receiver<Arc<Snapshot>>, per_thread: bool) -> Self {
@@ -922,14 +969,14 @@ impl RenderCache {
         tokio::spawn(async move {
             loop {
                 let snap = snapshots.borrow_and_update().clone();
-                let s = snap.clone();
                 let Ok(body) =
-                    tokio::task::spawn_blocking(move || Bytes::from(render(&s, per_thread))).await
+                    tokio::task::spawn_blocking(move || Bytes::from(render(&snap, per_thread)))
+                        .await
                 else {
                     break;
                 };
                 if let Ok(mut l) = latest.lock() {
-                    *l = Some((snap, body));
+                    *l = Some(body);
                 }
                 if snapshots.changed().await.is_err() {
                     break;
@@ -939,11 +986,10 @@ impl RenderCache {
         cache
     }
 
-    /// The rendering of `snapshot`, if it is done.
-    fn get(&self, snapshot: &Arc<Snapshot>) -> Option<Bytes> {
+    /// The latest rendering done.
+    fn get(&self) -> Option<Bytes> {
         let l = self.latest.lock().ok()?;
-        let (s, body) = l.as_ref()?;
-        Arc::ptr_eq(s, snapshot).then(|| body.clone())
+        l.clone()
     }
 }
 
