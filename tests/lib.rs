@@ -368,3 +368,330 @@ impl Shims {
             .unwrap_or_default()
     }
 }
+
+/// Hostile shim clients for the hardening tests (issue 16): rings that are not what they
+/// claim, hellos with extra descriptors, floods of records, many short-lived processes.
+pub mod hostile {
+    use std::{
+        io,
+        os::{
+            fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+            unix::net::UnixStream,
+        },
+        path::Path,
+    };
+
+    use slo_probe_common::{
+        ring::{Ring, ShimHello, HELLO_MAGIC, RING_HEADER_LEN, RING_VERSION},
+        GpuEventRecord, GpuGraphRecord, GpuKernelRecord, GpuMemRecord, GraphNodeRecord, Record,
+        RecordHeader, StepRecord, StringRecord,
+    };
+
+    /// A ring in a memfd made by the test, sealed or not.
+    pub struct HostileRing {
+        /// The memfd.
+        pub memfd: OwnedFd,
+        /// Producer side.
+        pub ring: Ring,
+        /// Bytes mapped.
+        pub len: usize,
+    }
+
+    impl HostileRing {
+        /// A ring of `len` bytes named `name` (as `/proc/*/fd` shows it: `/memfd:<name>`);
+        /// sealed against shrinking and growing as the real shim does, or not.
+        pub fn new(name: &str, len: usize, sealed: bool) -> io::Result<Self> {
+            let c = std::ffi::CString::new(name).map_err(io::Error::other)?;
+            let flags = libc::MFD_CLOEXEC | if sealed { libc::MFD_ALLOW_SEALING } else { 0 };
+            // SAFETY: a valid name and flags.
+            let fd = unsafe { libc::memfd_create(c.as_ptr(), flags) };
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: a fresh descriptor.
+            let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
+            // SAFETY: valid fd.
+            if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if sealed {
+                // SAFETY: valid fd.
+                let rc = unsafe {
+                    libc::fcntl(
+                        fd,
+                        libc::F_ADD_SEALS,
+                        libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
+                    )
+                };
+                if rc != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            // SAFETY: a file of `len` bytes; the mapping is kept until the process exits.
+            let base = unsafe { slo_probe_common::host::map_shared(fd, len) }
+                .ok_or_else(io::Error::last_os_error)?;
+            // SAFETY: a fresh zeroed mapping of `len` bytes.
+            let ring = unsafe { Ring::init(base.as_ptr(), len, std::process::id()) }
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            Ok(Self { memfd, ring, len })
+        }
+
+        /// The hello a shim of process `pid` sends for this ring.
+        pub fn hello(&self, pid: u32) -> [u8; 32] {
+            hello(pid, self.len)
+        }
+    }
+
+    /// A hello for `pid` and a ring of `len` bytes.
+    pub fn hello(pid: u32, len: usize) -> [u8; 32] {
+        ShimHello {
+            magic: HELLO_MAGIC,
+            version: RING_VERSION,
+            pid,
+            ring_len: len as u64,
+            cupti_version: 0,
+            status: 0,
+        }
+        .to_bytes()
+    }
+
+    /// Sends `data` with `fds` attached in one message.
+    pub fn send_with_fds(s: &UnixStream, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+        let mut iov = libc::iovec {
+            iov_base: data.as_ptr() as *mut libc::c_void,
+            iov_len: data.len(),
+        };
+        let bytes = std::mem::size_of_val(fds);
+        // SAFETY: pure computation.
+        let space = unsafe { libc::CMSG_SPACE(bytes as u32) } as usize;
+        let mut control = vec![0u64; space.div_ceil(8)];
+        // SAFETY: zeroed msghdr is valid; the buffers outlive sendmsg.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if !fds.is_empty() {
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = space as _;
+            // SAFETY: the control buffer holds one cmsg of `bytes` bytes.
+            unsafe {
+                let cmsg = libc::CMSG_FIRSTHDR(&msg);
+                (*cmsg).cmsg_level = libc::SOL_SOCKET;
+                (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+                (*cmsg).cmsg_len = libc::CMSG_LEN(bytes as u32) as _;
+                std::ptr::copy_nonoverlapping(
+                    fds.as_ptr(),
+                    libc::CMSG_DATA(cmsg).cast::<RawFd>(),
+                    fds.len(),
+                );
+            }
+        }
+        // SAFETY: a valid socket and message.
+        if unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Connects to `socket` and registers `ring` for this process.
+    pub fn register(socket: &Path, ring: &HostileRing) -> io::Result<UnixStream> {
+        let s = UnixStream::connect(socket)?;
+        send_with_fds(
+            &s,
+            &ring.hello(std::process::id()),
+            &[ring.memfd.as_raw_fd()],
+        )?;
+        Ok(s)
+    }
+
+    /// Descriptors of this process whose target is `/memfd:<name> (deleted)`.
+    pub fn memfds_named(name: &str) -> usize {
+        let want = format!("/memfd:{name} (deleted)");
+        std::fs::read_dir("/proc/self/fd")
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| {
+                        std::fs::read_link(e.path()).is_ok_and(|t| t.as_os_str() == want.as_str())
+                    })
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    /// `n` child processes, each registering `ring` under its own pid, holding the connection
+    /// `hold_ms`, then exiting (the short-lived registrations of item 4). At most `parallel`
+    /// live at once. Returns their pids.
+    pub fn short_lived_registrations(
+        socket: &Path,
+        ring: &HostileRing,
+        n: usize,
+        parallel: usize,
+        hold_ms: u32,
+    ) -> io::Result<Vec<u32>> {
+        // Everything the children need is made before forking: a child of a multi-threaded
+        // process only makes system calls.
+        // SAFETY: a zeroed sockaddr_un is valid.
+        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        let path = socket.as_os_str().as_encoded_bytes();
+        if path.len() >= addr.sun_path.len() {
+            return Err(io::Error::other("socket path too long"));
+        }
+        for (d, s) in addr.sun_path.iter_mut().zip(path) {
+            *d = *s as libc::c_char;
+        }
+        let len = ring.len;
+        let memfd = ring.memfd.as_raw_fd();
+        // SAFETY: pure computation.
+        let space = unsafe { libc::CMSG_SPACE(4) } as usize;
+        let mut pids = Vec::with_capacity(n);
+        let mut live = 0usize;
+        for _ in 0..n {
+            if live >= parallel {
+                // SAFETY: waiting for any child.
+                unsafe { libc::wait(std::ptr::null_mut()) };
+                live -= 1;
+            }
+            // SAFETY: the child only makes system calls and exits with _exit.
+            let pid = unsafe { libc::fork() };
+            if pid < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if pid == 0 {
+                // SAFETY: system calls on stack buffers; _exit never returns.
+                unsafe {
+                    let me = libc::getpid() as u32;
+                    let hello = hello(me, len);
+                    let s = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+                    let rc = libc::connect(
+                        s,
+                        (&addr as *const libc::sockaddr_un).cast(),
+                        std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+                    );
+                    if rc == 0 {
+                        let mut control = [0u64; 4];
+                        let mut iov = libc::iovec {
+                            iov_base: hello.as_ptr() as *mut libc::c_void,
+                            iov_len: hello.len(),
+                        };
+                        let mut msg: libc::msghdr = std::mem::zeroed();
+                        msg.msg_iov = &mut iov;
+                        msg.msg_iovlen = 1;
+                        msg.msg_control = control.as_mut_ptr().cast();
+                        msg.msg_controllen = space as _;
+                        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+                        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+                        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+                        (*cmsg).cmsg_len = libc::CMSG_LEN(4) as _;
+                        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>(), memfd);
+                        libc::sendmsg(s, &msg, libc::MSG_NOSIGNAL);
+                        let ts = libc::timespec {
+                            tv_sec: (hold_ms / 1000) as libc::time_t,
+                            tv_nsec: (hold_ms % 1000) as libc::c_long * 1_000_000,
+                        };
+                        libc::nanosleep(&ts, std::ptr::null_mut());
+                    }
+                    libc::_exit(0);
+                }
+            }
+            pids.push(pid as u32);
+            live += 1;
+        }
+        for _ in 0..live {
+            // SAFETY: waiting for any child.
+            unsafe { libc::wait(std::ptr::null_mut()) };
+        }
+        Ok(pids)
+    }
+
+    /// A xorshift generator: deterministic floods.
+    pub struct Rng(pub u64);
+
+    impl Rng {
+        /// The next value.
+        pub fn next_u64(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+    }
+
+    fn random_fixed<R: Record>(rng: &mut Rng, out: &mut Vec<u8>) {
+        let n = std::mem::size_of::<R>();
+        let at = out.len();
+        while out.len() < at + n {
+            out.extend_from_slice(&rng.next_u64().to_ne_bytes());
+        }
+        out.truncate(at + n);
+        let h = RecordHeader::of::<R>();
+        out[at..at + 2].copy_from_slice(&h.kind.to_ne_bytes());
+        out[at + 2..at + 4].copy_from_slice(&h.version.to_ne_bytes());
+        out[at + 4..at + 8].copy_from_slice(&h.len.to_ne_bytes());
+    }
+
+    /// One random well-framed GPU record (any kind the shim sends, random contents) into `out`
+    /// (cleared first).
+    pub fn random_record(rng: &mut Rng, out: &mut Vec<u8>) {
+        out.clear();
+        match rng.next_u64() % 7 {
+            0 => random_fixed::<GpuKernelRecord>(rng, out),
+            1 => random_fixed::<GpuGraphRecord>(rng, out),
+            2 => random_fixed::<GpuMemRecord>(rng, out),
+            3 => random_fixed::<GraphNodeRecord>(rng, out),
+            4 => random_fixed::<GpuEventRecord>(rng, out),
+            5 => random_fixed::<StepRecord>(rng, out),
+            _ => {
+                let len = (rng.next_u64() % 512) as usize;
+                let name: Vec<u8> = (0..len)
+                    .map(|_| b'a' + (rng.next_u64() % 26) as u8)
+                    .collect();
+                out.resize(16 + name.len() + 16, 0);
+                let kind = 1 + (rng.next_u64() % 2) as u32;
+                let n = StringRecord::encode(rng.next_u64() as u32, kind, &name, out);
+                out.truncate(n);
+            }
+        }
+    }
+
+    /// A realistic memcpy record at `t` ns (a job that copies and never marks a step).
+    pub fn memcpy_record(t: u64) -> GpuMemRecord {
+        GpuMemRecord {
+            header: RecordHeader::of::<GpuMemRecord>(),
+            start_ns: t,
+            end_ns: t + 2_000,
+            launch_ns: t - 1_000,
+            bytes: 1 << 20,
+            graph_node_id: 0,
+            correlation_id: t as u32,
+            device_id: 0,
+            stream_id: 7,
+            graph_id: 0,
+            kind: 1,
+            op_id: 0,
+            launch_tid: 1,
+            flags: 0,
+        }
+    }
+
+    /// Resident set of process `pid`, bytes (`VmRSS`).
+    pub fn rss_bytes(pid: u32) -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            })
+            .map_or(0, |kb| kb * 1024)
+    }
+
+    /// Open descriptors of process `pid`.
+    pub fn open_fds(pid: u32) -> usize {
+        std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+    }
+
+    /// `RING_HEADER_LEN` plus `data` bytes.
+    pub const fn ring_len(data: usize) -> usize {
+        RING_HEADER_LEN + data
+    }
+}

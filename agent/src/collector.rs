@@ -55,6 +55,9 @@ pub enum CollectorError {
     /// The SLO tree of the config is invalid.
     #[error("invalid [slo] configuration")]
     Slo(#[from] slo_probe_core::slo::SloSpecError),
+    /// The shim socket is another agent's, or not a socket.
+    #[error(transparent)]
+    Shim(#[from] crate::sources::shim::ShimError),
 }
 
 /// Reads the sources and builds snapshots.
@@ -164,14 +167,30 @@ impl Collector {
             .and_then(|c| SmLimits::for_capability(c.major, c.minor));
         let pipelines = Arc::new(Mutex::new(Pipelines::new(settings)?));
         let (shim, shim_down) = if config.shim.enabled {
-            match ShimSource::start(
-                &config.shim.socket,
-                &config.shim.allowed_uids,
-                record_dir.clone(),
-                pipelines.clone(),
-                nvml.as_ref().map(NvmlThread::history),
-            ) {
+            let start = |socket: &Path| {
+                ShimSource::start(
+                    socket,
+                    &config.shim.allowed_uids,
+                    record_dir.clone(),
+                    pipelines.clone(),
+                    nvml.as_ref().map(NvmlThread::history),
+                )
+            };
+            let started = match start(&config.shim.socket) {
+                // `observe` beside an agent: its own shims get a socket of their own.
+                Err(e) if e.is_conflict() && job_only => {
+                    let own = std::env::temp_dir()
+                        .join(format!("slo-probe-observe-{}", std::process::id()))
+                        .join("shim.sock");
+                    log::info!("{}; observe listens on {} instead", e, own.display());
+                    start(&own)
+                }
+                other => other,
+            };
+            match started {
                 Ok(s) => (Some(s), String::new()),
+                // Two agents on one socket is a configuration error: stop before the probes.
+                Err(e) if e.is_conflict() => return Err(e.into()),
                 Err(e) => {
                     let reason = crate::error_chain(&e);
                     log::warn!("CUPTI shims cannot register: {reason}");
@@ -437,10 +456,14 @@ impl Collector {
                     }
                     pipelines.push_host(pid, sample);
                 }
-                for pid in pipelines.retire(self.retention_ns) {
+                let retired = pipelines.retire(self.retention_ns);
+                for pid in &retired {
                     log::info!(
                         "training process {pid} ended more than agent.retention_s ago: dropped"
                     );
+                }
+                if !retired.is_empty() {
+                    crate::release_memory();
                 }
                 pipelines.snapshot()
             }
@@ -481,6 +504,11 @@ impl Collector {
                 ticks: self.ticks,
             },
             gpus,
+            shim_refused: self
+                .shim
+                .as_ref()
+                .map(ShimSource::refused)
+                .unwrap_or_default(),
         }
         .derive()
     }

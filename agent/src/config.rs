@@ -62,6 +62,35 @@ pub enum ConfigError {
     Slo(#[from] slo_probe_core::slo::SloSpecError),
 }
 
+/// Whether `endpoint` is an OTLP endpoint this build can send to: an `http://` URL with a host
+/// (`https://` needs TLS, which is not compiled in); `Err` says why not.
+pub fn check_otlp_endpoint(endpoint: &str) -> Result<(), &'static str> {
+    if endpoint.starts_with("https://") {
+        return Err(
+            "https:// needs TLS, which this build of slo-probe does not include; send \
+             plain http:// to an OpenTelemetry Collector on this node or in this pod and let it \
+             forward over TLS",
+        );
+    }
+    let uri: hyper::Uri = endpoint
+        .parse()
+        .map_err(|_| "must be an http:// URL, e.g. \"http://otel-collector:4317\"")?;
+    if uri.scheme_str() != Some("http") || uri.host().is_none_or(str::is_empty) {
+        return Err("must be an http:// URL with a host, e.g. \"http://otel-collector:4317\"");
+    }
+    let host_port = uri
+        .authority()
+        .map_or("", |a| a.as_str().rsplit('@').next().unwrap_or(""));
+    let port = match host_port.strip_prefix('[') {
+        Some(rest) => rest.split_once(']').and_then(|(_, p)| p.strip_prefix(':')),
+        None => host_port.split_once(':').map(|(_, p)| p),
+    };
+    if port.is_some_and(|p| p.parse::<u16>().is_err()) {
+        return Err("has a port that is not 1..=65535");
+    }
+    Ok(())
+}
+
 /// The whole configuration.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -405,7 +434,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key, value: &dyn ToString, why| ConfigError::Invalid {
             key,
-            value: value.to_string(),
+            value: crate::clip(&value.to_string()),
             why,
         };
         if !(100..=60_000).contains(&self.agent.tick_ms) {
@@ -430,16 +459,9 @@ impl Config {
                 "must be \"grpc\" or \"http/protobuf\"",
             ));
         }
-        let endpoint = &self.otlp.endpoint;
-        if !endpoint.is_empty()
-            && (!(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
-                || endpoint.contains(char::is_whitespace))
-        {
-            return Err(invalid(
-                "otlp.endpoint",
-                endpoint,
-                "must be an http:// or https:// URL, e.g. \"http://otel-collector:4317\"",
-            ));
+        if !self.otlp.endpoint.is_empty() {
+            check_otlp_endpoint(&self.otlp.endpoint)
+                .map_err(|why| invalid("otlp.endpoint", &self.otlp.endpoint, why))?;
         }
         if self.otlp.interval_ms != 0 && !(100..=3_600_000).contains(&self.otlp.interval_ms) {
             return Err(invalid(
@@ -561,6 +583,33 @@ mod tests {
         }
         let ok = "[otlp]\nprotocol = \"grpc\"\nendpoint = \"http://otel:4317\"\n";
         assert!(Config::from_toml(ok, "x.toml").is_ok());
+    }
+
+    /// Issue 16, item 9: what the agent would reject at start is rejected here, and a long
+    /// value is quoted cut.
+    #[test]
+    fn https_and_malformed_endpoints_are_config_errors_quoted_short() {
+        for endpoint in [
+            "https://otel:4317",
+            "http://",
+            "http://[::1",
+            "ftp://otel:4317",
+            "http://otel:99999999",
+        ] {
+            let text = format!("[otlp]\nendpoint = \"{endpoint}\"\n");
+            let err = Config::from_toml(&text, "x.toml").unwrap_err().to_string();
+            assert!(err.contains("otlp.endpoint"), "{endpoint}: {err}");
+        }
+        let err = Config::from_toml("[otlp]\nendpoint = \"https://otel:4317\"\n", "x")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("TLS"), "{err}");
+        let long = format!("http://{}", "a".repeat(10 << 20));
+        let err = Config::from_toml(&format!("[otlp]\nendpoint = \"{long}\"\n"), "x")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("otlp.endpoint"), "{}", crate::clip(&err));
+        assert!(err.len() < 1000, "{} bytes", err.len());
     }
 
     #[test]

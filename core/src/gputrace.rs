@@ -415,7 +415,40 @@ pub const MAX_STRINGS: usize = 65_536;
 const MAX_OCCUPANCY_CACHE: usize = 4096;
 
 /// Graph nodes whose operator an assembler remembers.
-const MAX_NODE_OPS: usize = 1 << 18;
+const MAX_NODE_OPS: usize = 1 << 16;
+
+/// Activities an assembler holds while their iteration is open or undetected; beyond this the
+/// oldest quarter is dropped and counted ([`TraceAssembler::capped`]). About 20 MiB: two
+/// seconds of 100,000 kernels a second.
+pub const MAX_PENDING: usize = 1 << 18;
+
+/// Steps an assembler holds open (begun, not ended or not settled); beyond this the oldest is
+/// dropped and counted.
+pub const MAX_OPEN_STEPS: usize = 4096;
+
+/// CUDA graphs an assembler counts and profiles; launches and nodes of further graphs are
+/// counted in [`TraceAssembler::capped`].
+pub const MAX_GRAPHS: usize = 1024;
+
+/// Operators a graph's profile keeps ([`TraceAssembler::graph_ops`] reports the top
+/// [`GRAPH_OPS`]).
+pub const MAX_GRAPH_KERNELS: usize = 1024;
+
+/// Operators all graph profiles keep together.
+pub const MAX_GRAPH_ENTRIES: usize = 1 << 16;
+
+/// Bytes of kernel and operator names an assembler keeps (together), and of one name; further
+/// names are dropped, longer ones cut, both counted in [`TraceAssembler::strings_dropped`].
+pub const MAX_STRING_BYTES: usize = 4 << 20;
+/// See [`MAX_STRING_BYTES`].
+pub const MAX_STRING_LEN: usize = 4096;
+
+/// Launch latencies an iteration keeps (an even sample of them, sorted, when it had more):
+/// quantiles over the recent iterations stay within a few per mille.
+pub const MAX_ITERATION_LATENCIES: usize = 1024;
+
+/// Operators an iteration lists; the smallest beyond this are summed under [`OVERFLOW_OP`].
+pub const MAX_ITERATION_OPS: usize = 256;
 
 /// The label of the operator that collects activities beyond [`MAX_OPS`].
 pub const OVERFLOW_OP: &str = "(other operators)";
@@ -532,8 +565,19 @@ pub struct TraceAssembler {
     limits: Option<SmLimits>,
     /// (threads per block, registers, shared memory) → occupancy, for the kernels seen.
     occupancy_cache: FxHashMap<(u32, u32, u32), Option<f32>>,
-    /// Strings dropped because [`MAX_STRINGS`] were kept already.
+    /// Strings dropped because [`MAX_STRINGS`] or [`MAX_STRING_BYTES`] were kept already, or
+    /// cut at [`MAX_STRING_LEN`].
     pub strings_dropped: u64,
+    /// Bytes of the names kept.
+    string_bytes: usize,
+    /// Entries of `graph_contents`, all graphs together.
+    graph_entries: usize,
+    /// Records dropped because a table was full ([`MAX_PENDING`], [`MAX_OPEN_STEPS`],
+    /// [`MAX_GRAPHS`], [`MAX_GRAPH_KERNELS`]).
+    pub capped: u64,
+    /// Whether [`MAX_PENDING`] and [`MAX_OPEN_STEPS`] apply (a live process, whose iterations
+    /// are taken as time goes; a recording is pushed whole, then taken).
+    bounded: bool,
 }
 
 impl TraceAssembler {
@@ -546,6 +590,27 @@ impl TraceAssembler {
     pub fn set_limits(&mut self, limits: Option<SmLimits>) {
         self.limits = limits;
         self.occupancy_cache.clear();
+    }
+
+    /// Caps what is pending ([`MAX_PENDING`], [`MAX_OPEN_STEPS`]): for a live process, whose
+    /// iterations are taken as time goes.
+    pub fn set_bounded(&mut self, bounded: bool) {
+        self.bounded = bounded;
+    }
+
+    /// Frees every table and everything pending (the process is gone), keeping the counters.
+    pub fn release(&mut self) {
+        let mut kept = Self {
+            seen: self.seen,
+            late: self.late,
+            strings_dropped: self.strings_dropped,
+            capped: self.capped,
+            limits: self.limits,
+            bounded: self.bounded,
+            ..Self::default()
+        };
+        kept.table.overflowed = self.table.overflowed;
+        *self = kept;
     }
 
     /// A name by id (kernel or operator), if its string record has arrived.
@@ -696,24 +761,48 @@ impl TraceAssembler {
                 if k.graph_id != 0 {
                     // A node of a graph launch traced at node level: one launch per
                     // correlation id (every node of a launch carries the launch's).
-                    let last = self.graph_launch_corr.entry(k.graph_id).or_insert(0);
-                    if *last != k.correlation_id {
-                        *last = k.correlation_id;
-                        *self.graph_counts.entry(k.graph_id).or_default() += 1;
+                    let known = self.graph_counts.contains_key(&k.graph_id);
+                    if known || self.graph_counts.len() < MAX_GRAPHS {
+                        let last = self.graph_launch_corr.entry(k.graph_id).or_insert(0);
+                        if *last != k.correlation_id {
+                            *last = k.correlation_id;
+                            *self.graph_counts.entry(k.graph_id).or_default() += 1;
+                        }
                     }
-                    *self
-                        .graph_contents
-                        .entry(k.graph_id)
-                        .or_default()
-                        .entry((a.op_id, a.name_id))
-                        .or_default() += a.duration_ns();
-                    self.graph_contents_changed = true;
+                    let key = (a.op_id, a.name_id);
+                    let room = self.graph_entries < MAX_GRAPH_ENTRIES;
+                    let graphs_full = self.graph_contents.len() >= MAX_GRAPHS;
+                    match self.graph_contents.get_mut(&k.graph_id) {
+                        Some(c) if c.contains_key(&key) => {
+                            *c.entry(key).or_default() += a.duration_ns();
+                            self.graph_contents_changed = true;
+                        }
+                        Some(c) if room && c.len() < MAX_GRAPH_KERNELS => {
+                            c.insert(key, a.duration_ns());
+                            self.graph_entries += 1;
+                            self.graph_contents_changed = true;
+                        }
+                        None if room && !graphs_full => {
+                            let mut c = FxHashMap::default();
+                            c.insert(key, a.duration_ns());
+                            self.graph_contents.insert(k.graph_id, c);
+                            self.graph_entries += 1;
+                            self.graph_contents_changed = true;
+                        }
+                        _ => self.capped += 1,
+                    }
                 }
                 a
             }
             AnyRecord::GpuGraph(g) => {
                 self.seen[1] += 1;
-                *self.graph_counts.entry(g.graph_id).or_default() += 1;
+                if self.graph_counts.len() < MAX_GRAPHS
+                    || self.graph_counts.contains_key(&g.graph_id)
+                {
+                    *self.graph_counts.entry(g.graph_id).or_default() += 1;
+                } else {
+                    self.capped += 1;
+                }
                 Activity::from_graph(g)
             }
             AnyRecord::GpuMem(m) => {
@@ -755,11 +844,21 @@ impl TraceAssembler {
                     STRING_OP => &mut self.ops,
                     _ => return,
                 };
-                if table.len() >= MAX_STRINGS && !table.contains_key(&s.id) {
+                let mut bytes = s.bytes;
+                if bytes.len() > MAX_STRING_LEN {
+                    bytes = &bytes[..MAX_STRING_LEN];
+                    self.strings_dropped += 1;
+                }
+                let old = table.get(&s.id).map_or(0, String::len);
+                if (table.len() >= MAX_STRINGS && old == 0)
+                    || self.string_bytes + bytes.len() > MAX_STRING_BYTES + old
+                {
                     self.strings_dropped += 1;
                     return;
                 }
-                table.insert(s.id, String::from_utf8_lossy(s.bytes).into_owned());
+                let name = String::from_utf8_lossy(bytes).into_owned();
+                self.string_bytes = self.string_bytes + name.len() - old;
+                table.insert(s.id, name);
                 return;
             }
             AnyRecord::Depth(d) => {
@@ -769,6 +868,13 @@ impl TraceAssembler {
             AnyRecord::Step(st) => {
                 self.seen[5] += 1;
                 self.marked = true;
+                if self.bounded
+                    && self.steps.len() >= MAX_OPEN_STEPS
+                    && !self.steps.contains_key(&st.step)
+                {
+                    self.steps.pop_first();
+                    self.capped += 1;
+                }
                 let e = self.steps.entry(st.step).or_default();
                 match st.phase {
                     STEP_BEGIN => e.0 = Some(st.ts_ns),
@@ -779,6 +885,12 @@ impl TraceAssembler {
             }
             _ => return,
         };
+        if self.bounded && self.pending.len() >= MAX_PENDING {
+            // Nothing completes them (no boundaries, or a step that never ends): the oldest
+            // go, so that memory stays bounded.
+            self.pending.drain(..MAX_PENDING / 4);
+            self.capped += (MAX_PENDING / 4) as u64;
+        }
         self.pending.push(a);
     }
 
@@ -1159,6 +1271,12 @@ impl TraceAssembler {
         if !lat.is_sorted() {
             lat.sort_unstable();
         }
+        if lat.len() > MAX_ITERATION_LATENCIES {
+            // An even sample of the sorted latencies keeps their quantiles.
+            let n = lat.len();
+            let m = MAX_ITERATION_LATENCIES;
+            lat = (0..m).map(|k| lat[k * (n - 1) / (m - 1)]).collect();
+        }
         let mut occ = (0.0, 0u64);
         let mut ops = Vec::with_capacity(touched.len());
         for &i in &touched {
@@ -1181,6 +1299,9 @@ impl TraceAssembler {
             });
         }
         ops.sort_unstable_by(|a, b| b.gpu_ns.cmp(&a.gpu_ns).then_with(|| a.op.cmp(&b.op)));
+        if ops.len() > MAX_ITERATION_OPS {
+            fold_small_ops(&mut ops);
+        }
         self.touched = touched;
         // The GPU span also counts CUDA events the script recorded on its streams.
         let span_start = acts.iter().map(|a| a.start_ns).min();
@@ -1357,6 +1478,62 @@ impl GpuTimeline {
             launch_latency,
         }
     }
+}
+
+/// Sums the operators beyond the largest [`MAX_ITERATION_OPS`] − 1 (sorted largest first) into
+/// one [`OVERFLOW_OP`] entry.
+fn fold_small_ops(ops: &mut Vec<OpTime>) {
+    let rest: Vec<OpTime> = ops.split_off(MAX_ITERATION_OPS - 1);
+    let k = match ops.iter().position(|o| &*o.op == OVERFLOW_OP) {
+        Some(k) => k,
+        None => {
+            ops.push(OpTime {
+                op: Arc::from(OVERFLOW_OP),
+                kind: OpKind::Compute,
+                gpu_ns: 0,
+                kernels: 0,
+                occupancy: None,
+                gap_ns: 0,
+                critical_ns: 0,
+                wait_ns: 0,
+                launch_latency_ns: None,
+                bytes: 0,
+            });
+            ops.len() - 1
+        }
+    };
+    let o = &mut ops[k];
+    let (mut occ, mut occ_ns) = (o.occupancy.unwrap_or(0.0) * o.gpu_ns as f64, 0u64);
+    if o.occupancy.is_some() {
+        occ_ns = o.gpu_ns;
+    }
+    let (mut lat, mut lat_n) = (
+        o.launch_latency_ns.unwrap_or(0) * u64::from(o.kernels),
+        if o.launch_latency_ns.is_some() {
+            u64::from(o.kernels)
+        } else {
+            0
+        },
+    );
+    for r in rest {
+        o.gpu_ns += r.gpu_ns;
+        o.kernels = o.kernels.saturating_add(r.kernels);
+        o.gap_ns += r.gap_ns;
+        o.critical_ns += r.critical_ns;
+        o.wait_ns += r.wait_ns;
+        o.bytes += r.bytes;
+        if let Some(x) = r.occupancy {
+            occ += x * r.gpu_ns as f64;
+            occ_ns += r.gpu_ns;
+        }
+        if let Some(l) = r.launch_latency_ns {
+            lat += l * u64::from(r.kernels);
+            lat_n += u64::from(r.kernels);
+        }
+    }
+    o.occupancy = (occ_ns > 0).then(|| occ / occ_ns as f64);
+    o.launch_latency_ns = (lat_n > 0).then(|| lat / lat_n);
+    ops.sort_unstable_by(|a, b| b.gpu_ns.cmp(&a.gpu_ns).then_with(|| a.op.cmp(&b.op)));
 }
 
 /// Kernels looked at to find the period of a job's kernel sequence (bounds the cost).
@@ -1645,7 +1822,10 @@ mod tests {
             .iter()
             .find(|o| &*o.op == OVERFLOW_OP)
             .expect("overflow op");
-        assert_eq!(overflow.kernels, 10);
+        // The 10 beyond the table, and the smallest beyond what an iteration lists.
+        assert!(overflow.kernels >= 10, "{}", overflow.kernels);
+        assert_eq!(it[0].ops.len(), MAX_ITERATION_OPS - 1);
+        assert_eq!(it[0].ops.iter().map(|o| o.kernels).sum::<u32>(), n);
         assert_eq!(it[0].kernels, n);
         // Strings beyond the cap are dropped and counted.
         for id in 0..(MAX_STRINGS as u32) {
@@ -1654,6 +1834,92 @@ mod tests {
             t.push(&r);
         }
         assert_eq!(t.strings_dropped, u64::from(n));
+    }
+
+    /// Issue 16, item 5: random well-framed records (open steps that never end, a graph per
+    /// kernel, long names) and realistic ones without boundaries stay within the caps, the
+    /// excess counted; a released assembler keeps only its counters.
+    #[test]
+    fn hostile_records_stay_within_the_caps() {
+        let mut t = TraceAssembler::new();
+        t.set_bounded(true);
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let long = "n".repeat(2 * MAX_STRING_LEN);
+        for k in 0..600_000u64 {
+            let r = rnd();
+            match k % 4 {
+                0 => t.push(&AnyRecord::Step(step(r, r >> 8, STEP_BEGIN))),
+                1 => {
+                    let mut g = kernel(r >> 20, 5, r >> 20, r as u32, (r >> 32) as u32);
+                    g.graph_id = (r >> 40) as u32 | 1;
+                    t.push(&AnyRecord::GpuKernel(g));
+                }
+                2 => t.push(&AnyRecord::GpuGraph(GpuGraphRecord {
+                    header: RecordHeader::of::<GpuGraphRecord>(),
+                    start_ns: r >> 20,
+                    end_ns: (r >> 20) + 5,
+                    launch_ns: r >> 20,
+                    correlation_id: 0,
+                    device_id: 0,
+                    context_id: 1,
+                    stream_id: 7,
+                    graph_id: r as u32,
+                    op_id: 0,
+                    launch_tid: 1,
+                    flags: 0,
+                })),
+                _ if k % 64 == 3 => {
+                    let bytes = string(r as u32, STRING_KERNEL, &long);
+                    let (rec, _) = slo_probe_common::decode(&bytes).expect("string");
+                    t.push(&rec);
+                }
+                _ => t.push(&AnyRecord::GpuKernel(kernel(k, 5, k, 1, 0))),
+            }
+        }
+        assert!(t.steps.len() <= MAX_OPEN_STEPS);
+        assert!(t.pending.len() <= MAX_PENDING);
+        assert!(t.graph_counts.len() <= MAX_GRAPHS);
+        assert!(t.graph_contents.len() <= MAX_GRAPHS);
+        let entries: usize = t.graph_contents.values().map(|c| c.len()).sum();
+        assert!(entries <= MAX_GRAPH_ENTRIES && entries == t.graph_entries);
+        assert!(t.string_bytes <= MAX_STRING_BYTES);
+        assert!(t.names.values().all(|n| n.len() <= MAX_STRING_LEN));
+        assert!(t.capped > 100_000, "{}", t.capped);
+        assert!(t.strings_dropped > 0);
+        let (seen, capped) = (t.seen, t.capped);
+        t.release();
+        assert_eq!((t.seen, t.capped), (seen, capped));
+        assert!(t.pending.capacity() == 0 && t.names.is_empty() && t.steps.is_empty());
+    }
+
+    #[test]
+    fn an_iteration_keeps_a_sample_of_its_launch_latencies() {
+        let mut t = TraceAssembler::new();
+        t.push(&AnyRecord::Step(step(0, 0, STEP_BEGIN)));
+        for k in 0..10_000u64 {
+            // Each launched while the GPU is idle, so its wait is launch latency (k ns).
+            t.push(&AnyRecord::GpuKernel(kernel(
+                k * 20_000 + k,
+                5,
+                k * 20_000,
+                1,
+                0,
+            )));
+        }
+        t.push(&AnyRecord::Step(step(0, 300_000_000, STEP_END)));
+        let it = t.take_iterations(0, 0, true);
+        let lat = &it[0].launch_latencies_ns;
+        assert_eq!(lat.len(), MAX_ITERATION_LATENCIES);
+        // Latencies are 0..10000 ns, uniformly: the sample's median stays at the median.
+        let p50 = it[0].launch_latency_ns(0.5).expect("p50");
+        assert!((4_990..=5_010).contains(&p50), "{p50}");
+        assert_eq!(it[0].kernels, 10_000);
     }
 
     #[test]

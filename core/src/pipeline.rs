@@ -38,6 +38,17 @@ pub const KEEP_ITERATIONS: usize = 512;
 /// published without one.
 pub const NVML_WAIT_NS: u64 = 2_000_000_000;
 
+/// Host samples a live pipeline keeps before its first iteration (when its SLO engine is made:
+/// an engine's histograms cost about a megabyte, which a process that never completes an
+/// iteration does not pay).
+const HOST_EARLY_LIVE: usize = 128;
+
+/// How often a live view's graph profiles are rebuilt, ns.
+const GRAPH_OPS_PERIOD_NS: u64 = 1_000_000_000;
+
+/// Host samples a recording's pipeline keeps before its windows are fitted.
+const HOST_EARLY_RECORDING: usize = 4096;
+
 /// How SLO windows are laid out.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Windows {
@@ -115,7 +126,9 @@ pub fn fitted_spec(base: &SloSpec, first: u64, last: u64, window_ms: Option<u64>
 pub struct ProcessPipeline {
     settings: PipelineSettings,
     asm: TraceAssembler,
-    /// `None` until the windows are fitted ([`Windows::FitToRecording`]).
+    /// `None` until the first iteration completes (live), or until the windows are fitted
+    /// ([`Windows::FitToRecording`]); dropped again when a live process is gone
+    /// ([`ProcessPipeline::release`]).
     engine: Option<SloEngine>,
     /// Host samples that came before the engine.
     host_early: Vec<HostSample>,
@@ -136,20 +149,19 @@ pub struct ProcessPipeline {
     decode_failed: u64,
     /// CLOCK_MONOTONIC ns of the last advance.
     now_ns: u64,
+    /// When the view's graph profiles were last rebuilt, ns.
+    graph_ops_at: u64,
 }
 
 impl ProcessPipeline {
     /// A pipeline for process `pid`. Refuses an invalid SLO spec.
     pub fn new(pid: u32, settings: PipelineSettings) -> Result<Self, SloSpecError> {
-        let engine = match settings.windows {
-            Windows::Fixed => Some(SloEngine::new(settings.slo.clone())?),
-            Windows::FitToRecording(_) => {
-                settings.slo.validate()?;
-                None
-            }
-        };
+        settings.slo.validate()?;
+        let engine = None;
         let mut asm = TraceAssembler::new();
         asm.set_limits(settings.limits);
+        // A live process's iterations are taken as time goes: what stays pending is capped.
+        asm.set_bounded(settings.keep_iterations.is_some());
         Ok(Self {
             settings,
             asm,
@@ -167,6 +179,7 @@ impl ProcessPipeline {
             markers_ignored: 0,
             decode_failed: 0,
             now_ns: 0,
+            graph_ops_at: 0,
         })
     }
 
@@ -203,7 +216,13 @@ impl ProcessPipeline {
     pub fn push_host(&mut self, s: HostSample) {
         match &mut self.engine {
             Some(e) => e.push_host(s),
-            None if self.host_early.len() < 4096 => self.host_early.push(s),
+            None if self.settings.windows == Windows::Fixed => {
+                if self.host_early.len() >= HOST_EARLY_LIVE {
+                    self.host_early.remove(0);
+                }
+                self.host_early.push(s);
+            }
+            None if self.host_early.len() < HOST_EARLY_RECORDING => self.host_early.push(s),
             None => {}
         }
     }
@@ -260,6 +279,16 @@ impl ProcessPipeline {
         self.finished = false;
     }
 
+    /// Frees what only a running process needs (the assembler's tables and pending records,
+    /// the SLO engine's histograms) once it is gone; the snapshot keeps its last state for the
+    /// retention time. A process that comes back starts a new engine.
+    pub fn release(&mut self) {
+        self.asm.release();
+        self.engine = None;
+        self.host_early = Vec::new();
+        self.staged = Vec::new();
+    }
+
     /// Feeds completed iterations to the engine in the order they ended, closing windows up to
     /// each one's end (at most `horizon`), and stages them for NVML.
     fn complete(&mut self, done: Vec<Iteration>, horizon: u64) {
@@ -267,17 +296,20 @@ impl ProcessPipeline {
             return;
         }
         if self.engine.is_none() {
-            if let Windows::FitToRecording(window_ms) = self.settings.windows {
-                let first = done.iter().map(|i| i.end_ns).min().unwrap_or(0);
-                let last = done.iter().map(|i| i.end_ns).max().unwrap_or(0);
-                let spec = fitted_spec(&self.settings.slo, first, last, window_ms);
-                // The base spec was validated; a fitted window is within the valid range.
-                if let Ok(mut e) = SloEngine::new(spec) {
-                    for s in self.host_early.drain(..) {
-                        e.push_host(s);
-                    }
-                    self.engine = Some(e);
+            let spec = match self.settings.windows {
+                Windows::Fixed => self.settings.slo.clone(),
+                Windows::FitToRecording(window_ms) => {
+                    let first = done.iter().map(|i| i.end_ns).min().unwrap_or(0);
+                    let last = done.iter().map(|i| i.end_ns).max().unwrap_or(0);
+                    fitted_spec(&self.settings.slo, first, last, window_ms)
                 }
+            };
+            // The base spec was validated; a fitted window is within the valid range.
+            if let Ok(mut e) = SloEngine::new(spec) {
+                for s in self.host_early.drain(..) {
+                    e.push_host(s);
+                }
+                self.engine = Some(e);
             }
         }
         if !self.finished {
@@ -335,9 +367,14 @@ impl ProcessPipeline {
         v.late = self.asm.late;
         v.ops_overflowed = self.asm.ops_overflowed();
         v.strings_dropped = self.asm.strings_dropped;
+        v.capped = self.asm.capped;
         v.decode_failed = self.decode_failed;
-        if let Some(g) = self.asm.graph_ops() {
-            v.graph_ops = Arc::new(g);
+        // Rebuilt at most once a second (it walks every graph's profile), and at the end.
+        if self.finished || self.now_ns >= self.graph_ops_at + GRAPH_OPS_PERIOD_NS {
+            if let Some(g) = self.asm.graph_ops() {
+                v.graph_ops = Arc::new(g);
+                self.graph_ops_at = self.now_ns;
+            }
         }
         if let Some(e) = &self.engine {
             let windows = e.snapshot_windows();
@@ -498,6 +535,37 @@ impl Pipelines {
         p
     }
 
+    /// Makes room for `pid` among at most `max` pipelines, dropping the processes that
+    /// finished first; false when `max` processes are running and `pid` is not one of them.
+    pub fn make_room(&mut self, pid: u32, max: usize) -> bool {
+        if self.procs.contains_key(&pid) {
+            return true;
+        }
+        while self.procs.len() >= max {
+            let Some(oldest) = self
+                .finished_at
+                .iter()
+                .min_by_key(|(_, &at)| at)
+                .map(|(&p, _)| p)
+            else {
+                return false;
+            };
+            self.finished_at.remove(&oldest);
+            self.procs.remove(&oldest);
+        }
+        true
+    }
+
+    /// Pipelines held (running and retained).
+    pub fn len(&self) -> usize {
+        self.procs.len()
+    }
+
+    /// Whether no pipeline is held.
+    pub fn is_empty(&self) -> bool {
+        self.procs.is_empty()
+    }
+
     /// The pipeline of `pid`, if it exists.
     pub fn get_mut(&mut self, pid: u32) -> Option<&mut ProcessPipeline> {
         self.procs.get_mut(&pid)
@@ -529,6 +597,7 @@ impl Pipelines {
             p.advance(now_ns, gpu, connected(pid));
             if p.finished() && !was {
                 self.finished_at.insert(pid, now_ns);
+                p.release();
             }
         }
     }
@@ -679,6 +748,33 @@ mod tests {
         ps.advance(end + 20 * MS, None, |_| false);
         assert_eq!(ps.retire(10 * MS), vec![3]);
         assert!(ps.snapshot().is_empty());
+    }
+
+    /// Issue 16, item 4: a process that never completes an iteration costs no SLO engine; a
+    /// gone one is freed down to its snapshot and retired; at most `max` are tracked, the ones
+    /// that finished first making room.
+    #[test]
+    fn gone_processes_are_freed_and_the_table_is_capped() {
+        let mut ps = Pipelines::new(live()).expect("spec");
+        assert!(
+            ps.open(1).engine().is_none(),
+            "no engine before an iteration"
+        );
+        let end = feed(ps.open(2), 0, 50, 10);
+        ps.advance(end + SETTLE_NS, None, |_| true);
+        assert!(ps.get_mut(2).and_then(|p| p.engine()).is_some());
+        ps.advance(end + SETTLE_NS + MS, None, |pid| pid != 2);
+        let p = ps.get_mut(2).expect("retained");
+        assert!(p.engine().is_none(), "released when gone");
+        let s = p.snapshot();
+        assert_eq!(s.iterations.len(), 50, "the snapshot keeps what it showed");
+        assert!(s.slo.is_some());
+        // Two tracked, room for two: a third replaces the finished one, a fourth is refused.
+        assert!(ps.make_room(3, 2));
+        ps.open(3);
+        assert_eq!(ps.pids(), vec![1, 3]);
+        assert!(!ps.make_room(4, 2));
+        assert!(ps.make_room(1, 2), "a tracked process always has room");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The shim's side of the transport: a memfd-backed ring ([`slo_probe_common::ring`]) and the
 //! Unix-socket registration with the agent (the memfd travels with `SCM_RIGHTS`). The ring
 //! exists from the start, so records are kept (up to its size) while no agent is listening;
-//! the connection is retried in the background, and re-made after an agent restart.
+//! the connection is retried in the background, and re-made after an agent restart. The memfd
+//! is sealed against shrinking and growing (Linux 3.17), which the agent requires.
 
 use std::{
     io,
@@ -36,7 +37,12 @@ impl Transport {
     pub fn new(capacity: usize, socket_path: PathBuf) -> io::Result<(Self, Ring)> {
         let len = RING_HEADER_LEN + capacity;
         // SAFETY: a NUL-terminated name; flags valid.
-        let fd = unsafe { libc::memfd_create(c"slo-probe-ring".as_ptr(), libc::MFD_CLOEXEC) };
+        let fd = unsafe {
+            libc::memfd_create(
+                c"slo-probe-ring".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -45,6 +51,24 @@ impl Transport {
         // SAFETY: valid fd.
         if unsafe { libc::ftruncate(memfd.as_raw_fd(), len as libc::off_t) } != 0 {
             return Err(io::Error::last_os_error());
+        }
+        // The agent maps the ring only if its size cannot change (a shrunk file would fault
+        // in the agent). Failing to seal never stops the job: the ring works, the agent
+        // refuses it and says so.
+        // SAFETY: fcntl on our own memfd.
+        if unsafe {
+            libc::fcntl(
+                memfd.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
+            )
+        } != 0
+        {
+            eprintln!(
+                "slo-probe shim: cannot seal the ring memfd ({}); the agent will refuse it, \
+                 GPU records stay in this process",
+                io::Error::last_os_error()
+            );
         }
         // SAFETY: a file we own, `len` bytes long (truncated above); shared so the agent sees
         // the writes.

@@ -20,10 +20,30 @@ use crate::{
     },
 };
 
+/// What the agent checks before it starts anything, and `config check` checks too: the OTLP
+/// settings (the config and the OTEL_* variables), and that `shim.socket` is free to use (no
+/// file that is not a socket in its place). Returns the OTLP settings, `None` when OTLP is off.
+pub fn check_startup(config: &Config) -> anyhow::Result<Option<Settings>> {
+    let otlp = Settings::resolve(&config.otlp).context("OTLP")?;
+    if config.shim.enabled {
+        let path = &config.shim.socket;
+        if let Ok(m) = std::fs::symlink_metadata(path) {
+            use std::os::unix::fs::FileTypeExt as _;
+            anyhow::ensure!(
+                m.file_type().is_socket(),
+                "shim.socket {} exists and is not a socket; refusing to replace it: remove it or \
+                 choose another path",
+                crate::clip(&path.display().to_string())
+            );
+        }
+    }
+    Ok(otlp)
+}
+
 /// Runs the agent until SIGINT or SIGTERM.
 pub fn run(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
-    // The OTLP settings (config and OTEL_* variables) are checked before anything starts.
-    let otlp = Settings::resolve(&config.otlp).context("OTLP")?;
+    let otlp = check_startup(&config)?;
+    crate::tune_allocator();
     let collector = Collector::new(&config, no_ebpf, false)?;
     if collector.ebpf_up() {
         if config.target.is_set() {

@@ -117,7 +117,8 @@ pub enum Cmd {
 pub enum ConfigCmd {
     /// Print the default configuration, with a comment on every key.
     PrintDefault,
-    /// Validate a configuration file.
+    /// Validate a configuration file as the agent does when it starts (with the OTEL_*
+    /// variables of this environment).
     Check {
         /// The file.
         path: PathBuf,
@@ -265,7 +266,8 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::SUCCESS)
             }
             ConfigCmd::Check { path } => {
-                Config::from_file(&path)?;
+                // The same checks as the agent's start, so that what passes here starts.
+                agent::check_startup(&Config::from_file(&path)?)?;
                 println!("{}: ok", path.display());
                 Ok(ExitCode::SUCCESS)
             }

@@ -157,6 +157,9 @@ pub struct Snapshot {
     pub agent: AgentStats,
     /// GPU metrics from NVML (`None` where no NVIDIA driver or GPU is present).
     pub gpus: Option<GpuSnapshot>,
+    /// Shim connections the agent refused since it started, by reason (empty when the shim
+    /// source is off).
+    pub shim_refused: Vec<(&'static str, u64)>,
 }
 
 impl Snapshot {

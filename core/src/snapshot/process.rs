@@ -284,6 +284,9 @@ pub struct ProcessSnapshot {
     pub ops_overflowed: u64,
     /// Name strings dropped because the assembler's string table was full.
     pub strings_dropped: u64,
+    /// Records dropped because one of the assembler's per-process tables was full (records
+    /// pending without an iteration, open steps, CUDA graphs).
+    pub capped: u64,
     /// The SLO tree of the process, as of its last closed window.
     pub slo: Option<Arc<SloSnapshot>>,
     /// Its rank in the job, from its environment (`RANK`, ...), when known.

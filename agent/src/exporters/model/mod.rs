@@ -161,6 +161,7 @@ pub fn walk(snapshot: &Snapshot, options: Options, sink: &mut impl Sink) {
     }
     host::cgroups(sink, snapshot);
     process::shims(sink, &snapshot.processes);
+    process::refused(sink, &snapshot.shim_refused);
     process::stragglers(sink, &snapshot.stragglers);
     slo::walk(sink, &snapshot.processes);
     if let Some(g) = &snapshot.gpus {

@@ -26,7 +26,8 @@ static SHIM_DROPPED: Family = Family {
     kind: Kind::Counter,
     help: "GPU records lost: ring_full (the shim dropped rather than block the job), cupti \
            (CUPTI's own buffers overflowed), strings_full (kernel or operator names beyond the \
-           agent's 65536 per process; their kernels are counted unnamed).",
+           agent's 65536 per process; their kernels are counted unnamed), tables_full (records \
+           beyond the assembler's caps on pending activities, open steps, graphs and names).",
     unit: "",
 };
 static SHIM_OPS_OVERFLOWED: Family = Family {
@@ -34,6 +35,22 @@ static SHIM_OPS_OVERFLOWED: Family = Family {
     kind: Kind::Counter,
     help: "GPU activities counted under the operator \"(other operators)\" because the process \
            had 4096 distinct operators already (the agent's memory stays bounded).",
+    unit: "",
+};
+static SHIM_CORRUPT: Family = Family {
+    name: "slo_probe_shim_corrupt_bytes_total",
+    kind: Kind::Counter,
+    help: "Bytes of a shim's ring that the agent skipped as corrupt (a bad record length, or a \
+           producer further ahead than the ring holds).",
+    unit: "By",
+};
+static SHIM_REFUSED: Family = Family {
+    name: "slo_probe_shim_refused_total",
+    kind: Kind::Counter,
+    help: "Shim connections the agent refused, by reason: uid (not allowed), timeout (no hello \
+           in time), pending_cap (too many handshakes of one uid), process_cap, fd_limit, \
+           hello, fds (not exactly one descriptor), pid, ring_size, unsealed (the ring is not a \
+           sealed memfd), map, io, peer_cred.",
     unit: "",
 };
 static SHIM_DEPTH: Family = Family {
@@ -142,6 +159,7 @@ pub(super) fn shims(sink: &mut impl Sink, shims: &[ProcessSnapshot]) {
             ("ring_full", p.dropped),
             ("cupti", p.cupti_dropped),
             ("strings_full", p.strings_dropped),
+            ("tables_full", p.capped),
         ] {
             sink.sample(
                 &SHIM_DROPPED,
@@ -153,6 +171,10 @@ pub(super) fn shims(sink: &mut impl Sink, shims: &[ProcessSnapshot]) {
     sink.family(&SHIM_OPS_OVERFLOWED);
     for (p, l) in procs() {
         sink.sample(&SHIM_OPS_OVERFLOWED, &l.get(), p.ops_overflowed as f64);
+    }
+    sink.family(&SHIM_CORRUPT);
+    for (p, l) in procs() {
+        sink.sample(&SHIM_CORRUPT, &l.get(), p.corrupt_bytes as f64);
     }
     sink.family(&SHIM_DEPTH);
     for (p, l) in procs() {
@@ -226,6 +248,14 @@ pub(super) fn shims(sink: &mut impl Sink, shims: &[ProcessSnapshot]) {
             }
         }
         sink.sample(&GPU_BUSY, &[pid, rank, job], st.gpu_busy_ratio_p50);
+    }
+}
+
+/// The node's refused shim connections, by reason.
+pub(super) fn refused(sink: &mut impl Sink, refused: &[(&'static str, u64)]) {
+    sink.family(&SHIM_REFUSED);
+    for (reason, n) in refused {
+        sink.sample(&SHIM_REFUSED, &[("reason", reason)], *n as f64);
     }
 }
 

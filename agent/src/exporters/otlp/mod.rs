@@ -57,6 +57,17 @@ pub enum OtlpError {
         /// The variable's value.
         value: String,
     },
+    /// An `OTEL_EXPORTER_OTLP_*ENDPOINT` variable the SDK would read names an endpoint this
+    /// build cannot send to (checked as `otlp.endpoint` is).
+    #[error("{var}={value:?}: {why}")]
+    EndpointVariable {
+        /// The variable.
+        var: &'static str,
+        /// Its value, clipped.
+        value: String,
+        /// Why it cannot be used.
+        why: &'static str,
+    },
     /// The SDK refused to build a metric exporter (an endpoint or header it cannot use).
     #[error("cannot build the OTLP metric exporter; check otlp.endpoint and OTEL_EXPORTER_OTLP_*")]
     MetricExporter {

@@ -63,6 +63,24 @@ impl Settings {
         if !on {
             return Ok(None);
         }
+        // What the SDK would read from the environment is checked as the config is.
+        if c.endpoint.is_empty() {
+            for var in [
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            ] {
+                if let Some(v) = env.var(var) {
+                    crate::config::check_otlp_endpoint(&v).map_err(|why| {
+                        OtlpError::EndpointVariable {
+                            var,
+                            value: crate::clip(&v),
+                            why,
+                        }
+                    })?;
+                }
+            }
+        }
         let millis = |configured: u64, var: &str, positive: bool| {
             if configured > 0 {
                 return Some(Duration::from_millis(configured));
@@ -88,11 +106,13 @@ impl Settings {
 fn protocol(configured: &str, env: &impl Env) -> Result<OtlpProtocol, OtlpError> {
     if !configured.is_empty() {
         return OtlpProtocol::parse(configured).ok_or_else(|| OtlpError::Protocol {
-            value: configured.to_owned(),
+            value: crate::clip(configured),
         });
     }
     match env.var("OTEL_EXPORTER_OTLP_PROTOCOL") {
-        Some(v) => OtlpProtocol::parse(&v).ok_or(OtlpError::ProtocolVariable { value: v }),
+        Some(v) => OtlpProtocol::parse(&v).ok_or_else(|| OtlpError::ProtocolVariable {
+            value: crate::clip(&v),
+        }),
         None => Ok(OtlpProtocol::Grpc),
     }
 }
