@@ -264,3 +264,118 @@ fn throttling_seen_from_inside_a_cgroup_namespace() {
         .expect("throttling read");
     assert!(throttled >= 2, "throttled periods {throttled}");
 }
+
+/// Root tier: per-cgroup PSI on cgroup v2, which this machine has without the cpu controller
+/// (bound to the v1 hierarchy, so no `cpu.max` here: the GPU machine's check,
+/// scripts/gpu-cgroup-check, covers throttling on v2). One busy process in a v2 cgroup the test
+/// creates shares a CPU with a busy thread outside it; the cgroup's `cpu.pressure` "some" time
+/// is then the time its one task waited runnable, which the eBPF run-queue probes measure
+/// independently. The agent must find the v2 row at the cgroup's path, read its PSI, and agree
+/// with the run-queue wait.
+#[test]
+fn cgroup_v2_pressure_matches_the_run_queue_wait() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !root_or_skip("cgroup_v2_psi") {
+        return;
+    }
+    let mounts = CgroupMounts::detect();
+    let Some(root) = mounts.v2.clone() else {
+        eprintln!("skipped: no cgroup v2 hierarchy mounted");
+        return;
+    };
+    if !root.join("cpu.pressure").exists() {
+        eprintln!("skipped: no PSI on this kernel (CONFIG_PSI, psi=1)");
+        return;
+    }
+    let name = format!("slo-probe-test-psi-{}", std::process::id());
+    let dir = root.join(&name);
+    let _ = std::fs::remove_dir(&dir);
+    std::fs::create_dir(&dir).expect("mkdir v2 cgroup");
+    struct Rmdir(PathBuf);
+    impl Drop for Rmdir {
+        fn drop(&mut self) {
+            for _ in 0..20 {
+                if std::fs::remove_dir(&self.0).is_ok() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    let _rmdir = Rmdir(dir.clone());
+    let path = format!("/{name}");
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {}/cgroup.procs && read go && exec timeout {RUN_S} taskset -c 0 sh -c 'while :; do :; done'",
+            dir.display()
+        ))
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    std::thread::sleep(Duration::from_millis(200));
+    let mut config = Config::default();
+    config.target.cgroups = vec![path.clone()];
+    config.agent.tick_ms = 200;
+    let mut collector = Collector::new(&config, false, false).expect("collector");
+    let row = |s: &slo_probe_core::snapshot::Snapshot| {
+        s.cgroups
+            .iter()
+            .find(|c| c.version == 2 && c.path == path)
+            .cloned()
+            .unwrap_or_else(|| panic!("no v2 row for {path} in {:?}", s.cgroups))
+    };
+    let start = row(&collector.tick()).pressure.expect("cpu.pressure");
+    let competitor = slo_probe_tests::Hogs::start(1, 0);
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"go\n")
+        .expect("go");
+    while child.try_wait().expect("wait").is_none() {
+        std::thread::sleep(Duration::from_millis(200));
+        collector.tick();
+    }
+    drop(competitor);
+    let after = collector.tick();
+    let end = row(&after);
+    let psi = end.pressure.expect("cpu.pressure");
+    let file = slo_probe_core::cgroup::parse_pressure(
+        &std::fs::read_to_string(dir.join("cpu.pressure")).expect("read cpu.pressure"),
+    )
+    .expect("parse cpu.pressure");
+    let some_s = (psi.some_us - start.some_us) as f64 / 1e6;
+    let waited_s = after
+        .threads
+        .as_ref()
+        .expect("threads")
+        .threads
+        .iter()
+        .map(|t| t.counts.runq.total_ns)
+        .max()
+        .unwrap_or(0) as f64
+        / 1e9;
+    eprintln!(
+        "cgroup v2 {path}: agent cpu.pressure some {some_s:.3} s (file now {} µs, agent {} µs) \
+         | run-queue wait of its busy thread {waited_s:.3} s | cpu.stat {:?}, limit {:?}",
+        file.some_us, psi.some_us, end.cpu, end.limit
+    );
+    // The agent's last read and the file agree (nothing runs in the cgroup any more).
+    assert!(
+        file.some_us.abs_diff(psi.some_us) <= 20_000,
+        "agent {} µs vs file {} µs",
+        psi.some_us,
+        file.some_us
+    );
+    assert!(
+        waited_s > RUN_S * 0.25,
+        "too little contention: waited {waited_s} s"
+    );
+    // Two mechanisms, one effect: PSI's stall time of the cgroup and the eBPF run-queue wait
+    // of its one task (10% + 30 ms: PSI also counts the fork and exec of `timeout`).
+    assert!(
+        (some_s - waited_s).abs() <= waited_s * 0.1 + 0.03,
+        "PSI some {some_s} s vs run-queue wait {waited_s} s"
+    );
+}

@@ -223,39 +223,101 @@ fn roles_of_a_real_multi_process_workload() {
     );
 }
 
-/// A missing piece disables its family only: with no tracefs where the config points, the TCP
-/// probes are down with a message that says what to do, and the scheduling probes still report.
+/// No tracefs anywhere (a container's `/sys`, the GPU machine as it boots): every probe family
+/// still attaches, since all are BTF tracepoints, and the TCP probes count this test's bytes.
+/// The agent binary runs in a mount namespace of its own with tracefs and debugfs (whose
+/// `tracing` directory automounts tracefs) unmounted; with classic tracepoints, which need
+/// tracefs to attach, the TCP family was down here.
 #[test]
-fn missing_tracefs_disables_only_the_tcp_probes() {
+fn every_probe_comes_up_without_tracefs() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root_or_skip("degraded_tcp") {
+    if !root_or_skip("no_tracefs") {
         return;
     }
-    let mut config = Config::default();
-    config.probes.tcp.tracefs = "/nonexistent/tracing".into();
-    let mut collector = Collector::new(&config, false, false).expect("collector");
-    let spinner = Spinner::start();
-    std::thread::sleep(Duration::from_millis(300));
-    let s = collector.tick();
-    drop(spinner);
-    let status = |name: &str| {
-        s.probes
-            .iter()
-            .find(|p| p.name == name)
-            .cloned()
-            .unwrap_or_else(|| panic!("no status for {name}: {:?}", s.probes))
-    };
-    let tcp = status("tcp");
-    eprintln!("tcp probe: up={} reason: {}", tcp.up, tcp.reason);
-    assert!(!tcp.up);
-    assert!(
-        tcp.reason.contains("/nonexistent/tracing"),
-        "{}",
-        tcp.reason
+    let bin = slo_probe_tests::artefact("slo-probe", "slo-probe");
+    let dir = std::env::temp_dir().join(format!("slo-probe-notracefs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let config = dir.join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[agent]\ntick_ms = 250\n\n[shim]\nsocket = {:?}\n",
+            dir.join("shim.sock").display().to_string()
+        ),
+    )
+    .expect("config");
+    let addr = slo_probe_tests::free_addr();
+    let script = format!(
+        "for m in /sys/kernel/debug/tracing /sys/kernel/tracing /sys/kernel/debug; do \
+           umount -l $m 2>/dev/null; done; \
+         if grep -qw tracefs /proc/self/mountinfo; then echo 'tracefs still mounted' >&2; exit 97; fi; \
+         exec {} agent --config {} --listen {addr}",
+        bin.display(),
+        config.display()
     );
-    assert!(tcp.reason.contains("mount -t tracefs"), "{}", tcp.reason);
-    assert!(status("runqueue").up);
-    assert!(s.net.is_none());
-    let t = s.threads.as_ref().expect("scheduling data still flows");
-    assert!(t.threads.iter().any(|th| th.counts.runq.count > 0));
+    let mut agent = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("unshare");
+    struct Stop<'a>(&'a mut std::process::Child);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
+            let _ = self.0.wait();
+        }
+    }
+    let agent = Stop(&mut agent);
+    let metrics = || slo_probe_tests::http_get(addr, "/metrics").map(|(_, body)| body);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut text = String::new();
+    // Loopback traffic from this process (followed: the agent follows the whole node) until
+    // the agent reports TCP bytes.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let peer = listener.local_addr().expect("addr");
+    let sent_bytes = |t: &str| -> f64 {
+        t.lines()
+            .filter(|l| l.starts_with("slo_probe_tcp_sent_bytes_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(status)) = agent.0.try_wait() {
+            let mut err = String::new();
+            if let Some(mut e) = agent.0.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            panic!("agent exited ({status}): {err}");
+        }
+        if let Ok(mut s) = std::net::TcpStream::connect(peer) {
+            let _ = s.write_all(&[0x5a; 64 * 1024]);
+            let _ = listener.accept();
+        }
+        if let Ok(t) = metrics() {
+            text = t;
+            if sent_bytes(&text) > 0.0 {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let up = |probe: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("slo_probe_probe_up{{probe=\"{probe}\"")))
+            .unwrap_or_else(|| panic!("no slo_probe_probe_up for {probe}:\n{text}"))
+            .to_owned()
+    };
+    for probe in ["runqueue", "process", "tcp"] {
+        let line = up(probe);
+        eprintln!("without tracefs: {line}");
+        assert!(line.ends_with(" 1"), "{line}");
+    }
+    assert!(
+        sent_bytes(&text) > 0.0,
+        "TCP probes up but no bytes counted"
+    );
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
 }

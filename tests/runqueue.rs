@@ -261,7 +261,7 @@ fn checks_fail_when_the_probe_is_broken() {
                 SCHED_PROGRAMS
                     .into_iter()
                     .chain(PROC_PROGRAMS)
-                    .chain(NET_PROGRAMS.map(|(n, _, _)| n))
+                    .chain(NET_PROGRAMS)
                     .filter(|p| !skip.contains(p))
                     .collect(),
             ),

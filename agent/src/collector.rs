@@ -117,7 +117,6 @@ impl Collector {
                 ring_bytes: rq.ring_buffer_kib * 1024,
                 net: config.probes.tcp.enabled,
                 max_conns: config.probes.tcp.max_connections,
-                tracefs: config.probes.tcp.tracefs.clone(),
                 targets,
             };
             (Some(Probes::load(&settings)?), String::new())

@@ -357,8 +357,6 @@ pub struct TcpConfig {
     pub enabled: bool,
     /// Connection map capacity. Default [`DEFAULT_MAX_CONNS`].
     pub max_connections: u32,
-    /// tracefs mount point. Default [`crate::sources::ebpf::preflight::TRACEFS`].
-    pub tracefs: std::path::PathBuf,
 }
 
 impl Default for TcpConfig {
@@ -366,7 +364,6 @@ impl Default for TcpConfig {
         Self {
             enabled: true,
             max_connections: DEFAULT_MAX_CONNS,
-            tracefs: crate::sources::ebpf::preflight::TRACEFS.into(),
         }
     }
 }

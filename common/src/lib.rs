@@ -38,7 +38,7 @@ pub use gpu::{
     StepRecord, StringRecord,
 };
 pub use net::{
-    ConnClosedRecord, ConnStats, NetTpOffsets, SockOffsets, TcpRetransmitRecord, TcpTuple,
+    ConnClosedRecord, ConnStats, SockOffsets, TcpRetransmitRecord, TcpTuple,
     CONN_CLOSED,
 };
 pub use proc::{ProcessEventRecord, PROC_EXEC, PROC_EXIT, PROC_FORK};

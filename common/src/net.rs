@@ -1,8 +1,7 @@
 //! TCP: retransmits per connection with the owning process and thread, smoothed RTT and
 //! congestion window sampled from `tcp_probe`. Produced by `ebpf/src/net.rs` from the BTF
-//! tracepoint `tcp_retransmit_skb` and the classic tracepoints `tcp/tcp_probe`,
-//! `sock/inet_sock_set_state`, `sock/sock_send_length` and `sock/sock_recv_length` (tracefs
-//! needed for their attach).
+//! tracepoints (`tp_btf`, no tracefs needed) `tcp_retransmit_skb`, `tcp_probe`,
+//! `inet_sock_set_state`, `sock_send_length` and `sock_recv_length`.
 //!
 //! Addresses are 16 bytes: IPv6 as is, IPv4 in the first 4 bytes with the rest zero; ports are
 //! in host byte order.
@@ -53,7 +52,8 @@ pub struct TcpRetransmitRecord {
     pub tuple: TcpTuple,
     /// TCP state (`TCP_ESTABLISHED` = 1, `TCP_SYN_SENT` = 2, ...).
     pub state: u32,
-    /// Segments retransmitted (one socket buffer can carry several under TSO/GSO).
+    /// Segments the kernel counted as retransmitted by this call (`tcp_sock.total_retrans`
+    /// grew by this much; one socket buffer can carry several under TSO/GSO).
     pub segments: u32,
 }
 const _: () = assert!(size_of::<TcpRetransmitRecord>() == 80);
@@ -82,7 +82,9 @@ pub struct ConnStats {
     pub tgid: u32,
     /// Owning thread; 0 if unknown.
     pub tid: u32,
-    /// Retransmitted segments (as `TCP_INFO.tcpi_total_retrans` counts them).
+    /// Retransmitted segments since the entry was made: the socket's own
+    /// `tcp_sock.total_retrans` (what `TCP_INFO.tcpi_total_retrans` reports) less
+    /// [`ConnStats::retrans_base`].
     pub retransmits: u64,
     /// Smoothed RTT at the last `tcp_probe`, µs.
     pub srtt_us: u32,
@@ -95,27 +97,33 @@ pub struct ConnStats {
     /// Which connection at this socket address: a new one at a reused address gets another
     /// (random, never 0), so the agent tells them apart even within one read.
     pub generation: u32,
+    /// `tcp_sock.total_retrans` when the entry was made (a socket followed from its first
+    /// packet has 0; one first seen at a retransmit has what it had before that call).
+    pub retrans_base: u32,
+    /// Explicit padding; always 0.
+    pub _pad: u32,
 }
-const _: () = assert!(size_of::<ConnStats>() == 80);
+const _: () = assert!(size_of::<ConnStats>() == 88);
 
 /// A connection's last state when it reached `TCP_CLOSE`, sent through `NET_EVENTS` before its
 /// `CONNS` entry is deleted, so that a socket address reused right away cannot overwrite it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnClosedRecord {
-    /// `{ kind: ConnClosed, version: 1, len: 96 }`.
+    /// `{ kind: ConnClosed, version: 2, len: 104 }`.
     pub header: RecordHeader,
     /// Kernel address of the socket (the `CONNS` key it had).
     pub skaddr: u64,
     /// The entry as it was at the close (with [`CONN_CLOSED`]).
     pub stats: ConnStats,
 }
-const _: () = assert!(size_of::<ConnClosedRecord>() == 96);
+const _: () = assert!(size_of::<ConnClosedRecord>() == 104);
 
 // SAFETY: repr(C), header first, integers only, no implicit padding (size pinned above).
 unsafe impl Record for ConnClosedRecord {
     const KIND: RecordKind = RecordKind::ConnClosed;
-    const VERSION: u16 = 1;
+    /// 2: [`ConnStats`] grew `retrans_base` (88 bytes).
+    const VERSION: u16 = 2;
 
     fn header(&self) -> &RecordHeader {
         &self.header
@@ -132,61 +140,8 @@ mod pod {
     unsafe impl aya::Pod for super::ConnClosedRecord {}
 }
 
-/// Byte offsets of the classic tracepoint fields the network programs read, taken by the agent
-/// from `/sys/kernel/tracing/events/*/*/format` (they can move between kernels) and patched into
-/// the programs as the global `NET_TP_OFFSETS`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct NetTpOffsets {
-    /// `sock_send_length.sk` (also `sock_recv_length`: the two share a format).
-    pub sock_sk: u32,
-    /// `sock_send_length.family`.
-    pub sock_family: u32,
-    /// `sock_send_length.protocol`.
-    pub sock_protocol: u32,
-    /// `sock_send_length.ret`.
-    pub sock_ret: u32,
-    /// `inet_sock_set_state.skaddr`.
-    pub state_skaddr: u32,
-    /// `inet_sock_set_state.newstate`.
-    pub state_newstate: u32,
-    /// `inet_sock_set_state.sport`.
-    pub state_sport: u32,
-    /// `inet_sock_set_state.dport`.
-    pub state_dport: u32,
-    /// `inet_sock_set_state.family`.
-    pub state_family: u32,
-    /// `inet_sock_set_state.protocol`.
-    pub state_protocol: u32,
-    /// `inet_sock_set_state.saddr`.
-    pub state_saddr: u32,
-    /// `inet_sock_set_state.daddr`.
-    pub state_daddr: u32,
-    /// `inet_sock_set_state.saddr_v6`.
-    pub state_saddr_v6: u32,
-    /// `inet_sock_set_state.daddr_v6`.
-    pub state_daddr_v6: u32,
-    /// `tcp_probe.skaddr`.
-    pub probe_skaddr: u32,
-    /// `tcp_probe.srtt`.
-    pub probe_srtt: u32,
-    /// `tcp_probe.snd_cwnd`.
-    pub probe_snd_cwnd: u32,
-    /// `tcp_probe.sport`.
-    pub probe_sport: u32,
-    /// `tcp_probe.dport`.
-    pub probe_dport: u32,
-    /// `tcp_probe.family`.
-    pub probe_family: u32,
-    /// `tcp_probe.saddr` (a `sockaddr_in` or `sockaddr_in6`).
-    pub probe_saddr: u32,
-    /// `tcp_probe.daddr` (a `sockaddr_in` or `sockaddr_in6`).
-    pub probe_daddr: u32,
-}
-const _: () = assert!(size_of::<NetTpOffsets>() == 88);
-
-/// Byte offsets in kernel structs that the BTF network programs read, from kernel BTF (the agent
-/// patches them in as the global `SOCK_OFFSETS`; 0 in `skb_cb` means unknown).
+/// Byte offsets in kernel structs that the network programs read, from kernel BTF (the agent
+/// patches them in as the global `SOCK_OFFSETS`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct SockOffsets {
@@ -212,15 +167,21 @@ pub struct SockOffsets {
     pub tcp_gso_segs: u32,
     /// 1 when `tcp_retransmit_skb` has its third argument, `err` (kernel 6.11+).
     pub retransmit_has_err: u32,
+    /// `sock.sk_protocol` (a `u16` since 5.6).
+    pub protocol: u32,
+    /// `tcp_sock.total_retrans` (segments retransmitted, as `TCP_INFO` reports them).
+    pub total_retrans: u32,
+    /// `tcp_sock.srtt_us` (smoothed RTT in µs, shifted left by 3).
+    pub srtt_us: u32,
+    /// `tcp_sock.snd_cwnd`.
+    pub snd_cwnd: u32,
     /// Explicit padding; always 0.
     pub _pad: u32,
 }
-const _: () = assert!(size_of::<SockOffsets>() == 48);
+const _: () = assert!(size_of::<SockOffsets>() == 64);
 
 #[cfg(feature = "user")]
 mod pod_offsets {
-    // SAFETY: plain old data (sizes pinned above).
-    unsafe impl aya::Pod for super::NetTpOffsets {}
-    // SAFETY: as above.
+    // SAFETY: plain old data (size pinned above).
     unsafe impl aya::Pod for super::SockOffsets {}
 }

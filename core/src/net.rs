@@ -268,6 +268,8 @@ mod tests {
             last_ts: retransmits,
             flags: 0,
             generation: 7,
+            retrans_base: 0,
+            _pad: 0,
         }
     }
 

@@ -2,7 +2,7 @@
 //! `agent/build.rs` (aya-build) and embedded in the agent.
 //!
 //! Needs kernel 5.8+ (ring buffers), BTF (`/sys/kernel/btf/vmlinux`) for the `tp_btf` programs,
-//! and tracefs for classic tracepoints.
+//! and nothing else: every program is a BTF tracepoint (no tracefs).
 #![no_std]
 #![no_main]
 

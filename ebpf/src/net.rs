@@ -1,60 +1,44 @@
 //! TCP per connection and per thread: payload bytes per thread (`sock_send_length`,
 //! `sock_recv_length`, process context), connection ownership (the last followed thread that
-//! used the socket), endpoints (`inet_sock_set_state`, `tcp_probe`), smoothed RTT and congestion
-//! window (`tcp_probe`), retransmitted segments (`tcp_retransmit_skb`, which runs in softirq or
-//! timer context, hence the ownership map). Retransmits are also sent one by one through
-//! `NET_EVENTS`.
+//! used the socket), endpoints (`inet_sock_set_state`, `tcp_probe`, the socket itself), smoothed
+//! RTT and congestion window (`tcp_probe`), retransmitted segments (`tcp_retransmit_skb`, which
+//! runs in softirq or timer context, hence the ownership map). Retransmits are also sent one
+//! call at a time through `NET_EVENTS`.
 //!
-//! The classic tracepoints need tracefs to attach, and their field offsets come from the agent,
-//! which reads each tracepoint's `format` file (`NET_TP_OFFSETS`). `tcp_retransmit_skb` is a BTF
-//! tracepoint (the agent's `NET_BTF_PROGRAMS` says why), reading `sock_common` through offsets
-//! the agent takes from BTF (`SOCK_OFFSETS`).
+//! Every program is a BTF tracepoint (`tp_btf`): no tracefs is needed to attach them, and unlike
+//! classic tracepoints they are not skipped while another BPF program runs on the CPU (the shared
+//! `bpf_prog_active` guard), which matters for `tcp_retransmit_skb` in softirq. Their arguments
+//! are kernel pointers; the fields behind them are read at offsets the agent takes from BTF
+//! (`SOCK_OFFSETS`).
+//!
+//! Retransmits are the socket's own `tcp_sock.total_retrans`, read at each `tcp_retransmit_skb`:
+//! the kernel adds a buffer's segments there before handing it to the device, and keeps them
+//! when the local queue then drops it (`NET_XMIT_DROP` under congestion), while the tracepoint
+//! reports that call as failed; calls that fail before anything is sent (`-EBUSY`: the original
+//! is still in the host queue) add nothing. Counting the tracepoint's segments instead undercounts
+//! a sender whose own link queue overflows (18–31% in tests/tcp.rs's congestion test).
+//!
+//! Needs kernel 6.3+ (`sock_send_length`/`sock_recv_length`) and BTF.
 
 use aya_ebpf::{
     helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
-    macros::{btf_tracepoint, map, tracepoint},
+    macros::{btf_tracepoint, map},
     maps::{HashMap, RingBuf},
-    programs::{BtfTracePointContext, TracePointContext},
+    programs::BtfTracePointContext,
     EbpfContext,
 };
 use slo_probe_common::{
     net::{AF_INET, AF_INET6},
-    ConnClosedRecord, ConnStats, Counter, NetTpOffsets, RecordHeader, SockOffsets,
-    TcpRetransmitRecord, TcpTuple, CONN_CLOSED,
+    ConnClosedRecord, ConnStats, Counter, RecordHeader, SockOffsets, TcpRetransmitRecord,
+    TcpTuple, CONN_CLOSED,
 };
 
 use crate::shared::{
     count, global, is_tracked, read_kernel, BPF_NOEXIST, BPF_RB_NO_WAKEUP, FILTER_TRACKED, THREADS,
 };
 
-/// Offsets of the tracepoint fields (patched by the agent).
-#[unsafe(no_mangle)]
-static NET_TP_OFFSETS: NetTpOffsets = NetTpOffsets {
-    sock_sk: 0,
-    sock_family: 0,
-    sock_protocol: 0,
-    sock_ret: 0,
-    state_skaddr: 0,
-    state_newstate: 0,
-    state_sport: 0,
-    state_dport: 0,
-    state_family: 0,
-    state_protocol: 0,
-    state_saddr: 0,
-    state_daddr: 0,
-    state_saddr_v6: 0,
-    state_daddr_v6: 0,
-    probe_skaddr: 0,
-    probe_srtt: 0,
-    probe_snd_cwnd: 0,
-    probe_sport: 0,
-    probe_dport: 0,
-    probe_family: 0,
-    probe_saddr: 0,
-    probe_daddr: 0,
-};
-
-/// Offsets in `sock_common`, `sk_buff` and `tcp_skb_cb` (patched by the agent from BTF).
+/// Offsets in `sock_common`, `sock`, `tcp_sock`, `sk_buff` and `tcp_skb_cb` (patched by the
+/// agent from BTF).
 #[unsafe(no_mangle)]
 static SOCK_OFFSETS: SockOffsets = SockOffsets {
     daddr: 0,
@@ -68,6 +52,10 @@ static SOCK_OFFSETS: SockOffsets = SockOffsets {
     skb_cb: 0,
     tcp_gso_segs: 0,
     retransmit_has_err: 0,
+    protocol: 0,
+    total_retrans: 0,
+    srtt_us: 0,
+    snd_cwnd: 0,
     _pad: 0,
 };
 
@@ -83,17 +71,6 @@ const IPPROTO_TCP: u16 = 6;
 const TCP_ESTABLISHED: i32 = 1;
 const TCP_SYN_SENT: i32 = 2;
 const TCP_CLOSE: i32 = 7;
-
-#[inline(always)]
-fn offsets() -> NetTpOffsets {
-    global(&NET_TP_OFFSETS)
-}
-
-#[inline(always)]
-fn field<T>(ctx: &TracePointContext, offset: u32) -> Option<T> {
-    // SAFETY: bpf_probe_read_kernel of the tracepoint's record, at an offset its format names.
-    unsafe { ctx.read_at::<T>(offset as usize) }.ok()
-}
 
 const EMPTY: ConnStats = ConnStats {
     tuple: TcpTuple {
@@ -112,26 +89,49 @@ const EMPTY: ConnStats = ConnStats {
     last_ts: 0,
     flags: 0,
     generation: 0,
+    retrans_base: 0,
+    _pad: 0,
 };
 
-/// The entry of socket `sk`, created with owner `tgid`/`tid` when `create`.
+/// `tcp_sock.total_retrans` of `sk`.
 #[inline(always)]
-fn conn(sk: u64, create: bool, tgid: u32, tid: u32) -> Option<*mut ConnStats> {
-    if let Some(c) = CONNS.get_ptr_mut(sk) {
+fn total_retrans(sk: *const u8) -> Option<u32> {
+    read_kernel::<u32>(sk, global(&SOCK_OFFSETS.total_retrans))
+}
+
+/// A fresh entry owned by `tgid`/`tid`, whose retransmits count from `base`.
+#[inline(always)]
+fn fresh(tgid: u32, tid: u32, base: u32) -> ConnStats {
+    let mut c = EMPTY;
+    c.tgid = tgid;
+    c.tid = tid;
+    c.generation = new_generation();
+    c.retrans_base = base;
+    c
+}
+
+/// The entry of socket `sk`, created (when `create`) with owner `tgid`/`tid` and its
+/// retransmits counted from what the socket has now.
+#[inline(always)]
+fn conn(sk: *const u8, create: bool, tgid: u32, tid: u32) -> Option<*mut ConnStats> {
+    if let Some(c) = CONNS.get_ptr_mut(sk as u64) {
         return Some(c);
     }
     if !create {
         return None;
     }
-    let mut fresh = EMPTY;
-    fresh.tgid = tgid;
-    fresh.tid = tid;
-    fresh.generation = new_generation();
-    if CONNS.insert(sk, fresh, BPF_NOEXIST).is_err() && unsafe { CONNS.get(sk) }.is_none() {
+    insert(sk, fresh(tgid, tid, total_retrans(sk).unwrap_or(0)))
+}
+
+#[inline(always)]
+fn insert(sk: *const u8, value: ConnStats) -> Option<*mut ConnStats> {
+    let key = sk as u64;
+    // SAFETY: only presence is used.
+    if CONNS.insert(key, value, BPF_NOEXIST).is_err() && unsafe { CONNS.get(key) }.is_none() {
         count(Counter::ConnMapFull);
         return None;
     }
-    CONNS.get_ptr_mut(sk)
+    CONNS.get_ptr_mut(key)
 }
 
 /// A connection identity: random, never 0.
@@ -143,41 +143,49 @@ fn new_generation() -> u32 {
 
 /// Sets the owner to the current thread; a closed socket reused at the same address starts over.
 #[inline(always)]
-fn own(c: *mut ConnStats, tgid: u32, tid: u32) {
+fn own(c: *mut ConnStats, sk: *const u8, tgid: u32, tid: u32) {
     // SAFETY: pointer from a map lookup; a racing writer can only leave another valid owner.
     unsafe {
         if (*c).flags & CONN_CLOSED != 0 {
-            *c = EMPTY;
-            (*c).generation = new_generation();
+            *c = fresh(tgid, tid, total_retrans(sk).unwrap_or(0));
         }
         (*c).tgid = tgid;
         (*c).tid = tid;
     }
 }
 
-#[tracepoint(category = "sock", name = "sock_send_length")]
-pub fn sock_send_length(ctx: TracePointContext) -> u32 {
-    sock_length(&ctx, true);
+/// TP_PROTO(struct sock *sk, int ret, int flags). Process context.
+#[btf_tracepoint(function = "sock_send_length")]
+pub fn sock_send_length(ctx: BtfTracePointContext) -> i32 {
+    try_sock_length(&ctx, true);
     0
 }
 
-#[tracepoint(category = "sock", name = "sock_recv_length")]
-pub fn sock_recv_length(ctx: TracePointContext) -> u32 {
-    sock_length(&ctx, false);
+/// TP_PROTO(struct sock *sk, int ret, int flags). Process context.
+#[btf_tracepoint(function = "sock_recv_length")]
+pub fn sock_recv_length(ctx: BtfTracePointContext) -> i32 {
+    try_sock_length(&ctx, false);
     0
+}
+
+/// Whether `sk` is a TCP socket over IPv4 or IPv6.
+#[inline(always)]
+fn is_tcp(sk: *const u8) -> bool {
+    let o = global(&SOCK_OFFSETS);
+    let (Some(family), Some(protocol)) = (
+        read_kernel::<u16>(sk, o.family),
+        read_kernel::<u16>(sk, o.protocol),
+    ) else {
+        return false;
+    };
+    protocol == IPPROTO_TCP && (family == AF_INET || family == AF_INET6)
 }
 
 #[inline(always)]
-fn sock_length(ctx: &TracePointContext, send: bool) {
-    let o = offsets();
-    let (Some(family), Some(protocol), Some(ret)) = (
-        field::<u16>(ctx, o.sock_family),
-        field::<u16>(ctx, o.sock_protocol),
-        field::<i32>(ctx, o.sock_ret),
-    ) else {
-        return;
-    };
-    if protocol != IPPROTO_TCP || (family != AF_INET && family != AF_INET6) || ret <= 0 {
+fn try_sock_length(ctx: &BtfTracePointContext, send: bool) {
+    let sk: *const u8 = ctx.arg(0);
+    let ret: i32 = ctx.arg(1);
+    if ret <= 0 || !is_tcp(sk) {
         return;
     }
     let tid = ctx.pid();
@@ -194,77 +202,45 @@ fn sock_length(ctx: &TracePointContext, send: bool) {
             (*t).tcp_recv_bytes += ret as u64;
         }
     }
-    let Some(sk) = field::<u64>(ctx, o.sock_sk) else {
-        return;
-    };
     let tgid = ctx.tgid();
     if let Some(c) = conn(sk, true, tgid, tid) {
         // SAFETY: pointer from a map lookup.
         if unsafe { (*c).tid != tid || (*c).flags & CONN_CLOSED != 0 } {
-            own(c, tgid, tid);
+            own(c, sk, tgid, tid);
         }
     }
+}
+
+/// TP_PROTO(const struct sock *sk, const int oldstate, const int newstate).
+#[btf_tracepoint(function = "inet_sock_set_state")]
+pub fn inet_sock_set_state(ctx: BtfTracePointContext) -> i32 {
+    try_inet_sock_set_state(&ctx);
+    0
 }
 
 #[inline(always)]
-fn read_tuple_v4v6(
-    ctx: &TracePointContext,
-    family: u16,
-    off_v4: (u32, u32),
-    off_v6: (u32, u32),
-    tuple: &mut TcpTuple,
-) {
-    if family == AF_INET {
-        if let (Some(s), Some(d)) = (
-            field::<[u8; 4]>(ctx, off_v4.0),
-            field::<[u8; 4]>(ctx, off_v4.1),
-        ) {
-            tuple.saddr = [0; 16];
-            tuple.daddr = [0; 16];
-            tuple.saddr[..4].copy_from_slice(&s);
-            tuple.daddr[..4].copy_from_slice(&d);
-            tuple.family = family;
-        }
-    } else if family == AF_INET6 {
-        if let (Some(s), Some(d)) = (
-            field::<[u8; 16]>(ctx, off_v6.0),
-            field::<[u8; 16]>(ctx, off_v6.1),
-        ) {
-            tuple.saddr = s;
-            tuple.daddr = d;
-            tuple.family = family;
-        }
-    }
-}
-
-#[tracepoint(category = "sock", name = "inet_sock_set_state")]
-pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
-    let o = offsets();
-    let (Some(protocol), Some(newstate), Some(sk)) = (
-        field::<u16>(&ctx, o.state_protocol),
-        field::<i32>(&ctx, o.state_newstate),
-        field::<u64>(&ctx, o.state_skaddr),
-    ) else {
-        return 0;
-    };
-    if protocol != IPPROTO_TCP {
-        return 0;
+fn try_inet_sock_set_state(ctx: &BtfTracePointContext) {
+    let sk: *const u8 = ctx.arg(0);
+    let newstate: i32 = ctx.arg(2);
+    let o = global(&SOCK_OFFSETS);
+    if read_kernel::<u16>(sk, o.protocol) != Some(IPPROTO_TCP) {
+        return;
     }
     let c = if newstate == TCP_SYN_SENT {
         // connect(): process context, the current thread owns the socket.
         let tgid = ctx.tgid();
         if !is_tracked(tgid) {
-            return 0;
+            return;
         }
         let c = conn(sk, true, tgid, ctx.pid());
         if let Some(c) = c {
-            own(c, tgid, ctx.pid());
+            own(c, sk, tgid, ctx.pid());
         }
         c
     } else {
         conn(sk, false, 0, 0)
     };
-    let Some(c) = c else { return 0 };
+    let Some(c) = c else { return };
     if newstate == TCP_CLOSE {
         // Hand the final state over through the ring and free the address for reuse; if the
         // ring is full, leave the entry flagged for the agent's next read instead.
@@ -276,34 +252,24 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
         };
         let Some(mut entry) = NET_EVENTS.reserve::<ConnClosedRecord>(0) else {
             count(Counter::EventRingFull);
-            return 0;
+            return;
         };
         entry.write(ConnClosedRecord {
             header: RecordHeader::of::<ConnClosedRecord>(),
-            skaddr: sk,
+            skaddr: sk as u64,
             stats,
         });
         entry.submit(BPF_RB_NO_WAKEUP);
-        let _ = CONNS.remove(sk);
-        return 0;
+        let _ = CONNS.remove(sk as u64);
+        return;
     }
     // SAFETY: pointer from a map lookup.
     unsafe {
         if newstate == TCP_ESTABLISHED || newstate == TCP_SYN_SENT {
-            let family = field::<u16>(&ctx, o.state_family).unwrap_or(0);
-            read_tuple_v4v6(
-                &ctx,
-                family,
-                (o.state_saddr, o.state_daddr),
-                (o.state_saddr_v6, o.state_daddr_v6),
-                &mut (*c).tuple,
-            );
-            (*c).tuple.sport = field::<u16>(&ctx, o.state_sport).unwrap_or(0);
-            (*c).tuple.dport = field::<u16>(&ctx, o.state_dport).unwrap_or(0);
+            read_sock_tuple(sk, &o, &mut (*c).tuple);
         }
         (*c).last_ts = bpf_ktime_get_ns();
     }
-    0
 }
 
 /// TP_PROTO(const struct sock *sk, const struct sk_buff *skb[, int err]) (err: 6.11+, when
@@ -311,34 +277,63 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
 /// comes from `CONNS`, the endpoints from the socket.
 #[btf_tracepoint(function = "tcp_retransmit_skb")]
 pub fn tcp_retransmit_skb(ctx: BtfTracePointContext) -> i32 {
+    try_tcp_retransmit_skb(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_tcp_retransmit_skb(ctx: &BtfTracePointContext) {
     let o = global(&SOCK_OFFSETS);
-    if o.retransmit_has_err != 0 && ctx.arg::<i32>(2) != 0 {
-        return 0;
-    }
     let sk: *const u8 = ctx.arg(0);
-    let skb: *const u8 = ctx.arg(1);
-    // Unfollowed sockets are counted only when the whole node is followed (owner unknown).
-    let Some(c) = conn(sk as u64, global(&FILTER_TRACKED) == 0, 0, 0) else {
-        return 0;
+    let Some(total) = total_retrans(sk) else {
+        return;
     };
-    // One buffer can carry several segments (TSO/GSO): count them as TCP_INFO does.
-    let segments = u32::from(
-        read_kernel::<u16>(skb, o.skb_cb + o.tcp_gso_segs)
-            .unwrap_or(1)
-            .max(1),
-    );
+    let c = match CONNS.get_ptr_mut(sk as u64) {
+        Some(c) => c,
+        // Unfollowed sockets are counted only when the whole node is followed (owner unknown).
+        None if global(&FILTER_TRACKED) == 0 => {
+            // First seen now: count from before this call. A failure after the count (the
+            // local queue dropped it: a positive NET_XMIT code) is counted by the kernel; one
+            // before it (a negative errno) is not.
+            let err = if o.retransmit_has_err != 0 {
+                ctx.arg::<i32>(2)
+            } else {
+                0
+            };
+            let this_call = if err >= 0 {
+                let skb: *const u8 = ctx.arg(1);
+                u32::from(
+                    read_kernel::<u16>(skb, o.skb_cb + o.tcp_gso_segs)
+                        .unwrap_or(1)
+                        .max(1),
+                )
+            } else {
+                0
+            };
+            let Some(c) = insert(sk, fresh(0, 0, total.wrapping_sub(this_call))) else {
+                return;
+            };
+            c
+        }
+        None => return,
+    };
     let now = unsafe { bpf_ktime_get_ns() };
-    let state = u32::from(read_kernel::<u8>(sk, o.state).unwrap_or(0));
     // SAFETY: pointer from a map lookup. Retransmits of one socket run under its lock.
-    let (tuple, tgid, tid) = unsafe {
-        read_sock_tuple(sk, &o, &mut (*c).tuple);
-        (*c).retransmits += u64::from(segments);
+    let (segments, tuple, tgid, tid) = unsafe {
+        let counted = u64::from(total.wrapping_sub((*c).retrans_base));
+        if counted <= (*c).retransmits {
+            return; // failed before anything was sent: the kernel counted nothing
+        }
+        let segments = (counted - (*c).retransmits) as u32;
+        (*c).retransmits = counted;
         (*c).last_ts = now;
-        ((*c).tuple, (*c).tgid, (*c).tid)
+        read_sock_tuple(sk, &o, &mut (*c).tuple);
+        (segments, (*c).tuple, (*c).tgid, (*c).tid)
     };
+    let state = u32::from(read_kernel::<u8>(sk, o.state).unwrap_or(0));
     let Some(mut entry) = NET_EVENTS.reserve::<TcpRetransmitRecord>(0) else {
         count(Counter::EventRingFull);
-        return 0;
+        return;
     };
     entry.write(TcpRetransmitRecord {
         header: RecordHeader::of::<TcpRetransmitRecord>(),
@@ -351,7 +346,6 @@ pub fn tcp_retransmit_skb(ctx: BtfTracePointContext) -> i32 {
         segments,
     });
     entry.submit(BPF_RB_NO_WAKEUP);
-    0
 }
 
 /// The endpoints of a socket, from `sock_common`.
@@ -384,33 +378,28 @@ fn read_sock_tuple(sk: *const u8, o: &SockOffsets, tuple: &mut TcpTuple) {
     tuple.dport = u16::from_be(read_kernel::<u16>(sk, o.dport).unwrap_or(0));
 }
 
-#[tracepoint(category = "tcp", name = "tcp_probe")]
-pub fn tcp_probe(ctx: TracePointContext) -> u32 {
-    let o = offsets();
-    let Some(sk) = field::<u64>(&ctx, o.probe_skaddr) else {
-        return 0;
-    };
+/// TP_PROTO(struct sock *sk, const struct sk_buff *skb). RTT and window of a followed socket.
+#[btf_tracepoint(function = "tcp_probe")]
+pub fn tcp_probe(ctx: BtfTracePointContext) -> i32 {
+    try_tcp_probe(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_tcp_probe(ctx: &BtfTracePointContext) {
+    let sk: *const u8 = ctx.arg(0);
     let Some(c) = conn(sk, false, 0, 0) else {
-        return 0;
+        return;
     };
+    let o = global(&SOCK_OFFSETS);
     // SAFETY: pointer from a map lookup.
     unsafe {
-        (*c).srtt_us = field::<u32>(&ctx, o.probe_srtt).unwrap_or(0);
-        (*c).snd_cwnd = field::<u32>(&ctx, o.probe_snd_cwnd).unwrap_or(0);
+        // srtt_us holds 8 × the smoothed RTT (as the classic tracepoint's `srtt` undoes).
+        (*c).srtt_us = read_kernel::<u32>(sk, o.srtt_us).unwrap_or(0) >> 3;
+        (*c).snd_cwnd = read_kernel::<u32>(sk, o.snd_cwnd).unwrap_or(0);
         (*c).last_ts = bpf_ktime_get_ns();
         if (*c).tuple.family == 0 {
-            // saddr/daddr are sockaddr_in (address at +4) or sockaddr_in6 (address at +8).
-            let family = field::<u16>(&ctx, o.probe_family).unwrap_or(0);
-            read_tuple_v4v6(
-                &ctx,
-                family,
-                (o.probe_saddr + 4, o.probe_daddr + 4),
-                (o.probe_saddr + 8, o.probe_daddr + 8),
-                &mut (*c).tuple,
-            );
-            (*c).tuple.sport = field::<u16>(&ctx, o.probe_sport).unwrap_or(0);
-            (*c).tuple.dport = field::<u16>(&ctx, o.probe_dport).unwrap_or(0);
+            read_sock_tuple(sk, &o, &mut (*c).tuple);
         }
     }
-    0
 }

@@ -103,7 +103,7 @@ pub enum Cmd {
         #[arg(long, value_name = "MS")]
         window_ms: Option<u64>,
     },
-    /// Check what this machine allows (privileges, kernel BTF, tracefs); exit 1 if the eBPF
+    /// Check what this machine allows (privileges, kernel BTF); exit 1 if the eBPF
     /// probes cannot load.
     Check,
     /// Configuration helpers.

@@ -65,11 +65,24 @@ pub fn replay(
     detect: bool,
     window_ms: Option<u64>,
 ) -> Result<Replayed, ReplayError> {
-    let name = path.display().to_string();
     let data = std::fs::read(path).map_err(|source| ReplayError::Read {
-        path: name.clone(),
+        path: path.display().to_string(),
         source,
     })?;
+    replay_bytes(&data, path, limits, detect, window_ms)
+}
+
+/// Replays the recording `data`, read from `path` (which names it and gives the pid). The
+/// bytes are untrusted: anything that does not decode is counted, never a panic (fuzzed by
+/// `fuzz/fuzz_targets/replay.rs`).
+pub fn replay_bytes(
+    data: &[u8],
+    path: &Path,
+    limits: Option<SmLimits>,
+    detect: bool,
+    window_ms: Option<u64>,
+) -> Result<Replayed, ReplayError> {
+    let name = path.display().to_string();
     let pid = path
         .file_stem()
         .and_then(|s| s.to_str())
@@ -80,7 +93,7 @@ pub fn replay(
     settings.ignore_markers = detect;
     let mut pipeline = ProcessPipeline::new(pid, settings).map_err(ReplayError::Spec)?;
     let mut records = 0u64;
-    let mut iter = RecordIter::new(&data);
+    let mut iter = RecordIter::new(data);
     for r in iter.by_ref() {
         match r {
             Ok(r) => pipeline.push(&r),

@@ -413,6 +413,10 @@ pub fn sock_offsets(btf: &Btf) -> Result<SockOffsets, BtfError> {
         skb_cb: btf.member_offset("sk_buff", "cb")?,
         tcp_gso_segs: btf.member_offset("tcp_skb_cb", "tcp_gso_segs")?,
         retransmit_has_err: u32::from(btf.tracepoint_args("tcp_retransmit_skb") == Some(3)),
+        protocol: btf.member_offset("sock", "sk_protocol")?,
+        total_retrans: btf.member_offset("tcp_sock", "total_retrans")?,
+        srtt_us: btf.member_offset("tcp_sock", "srtt_us")?,
+        snd_cwnd: btf.member_offset("tcp_sock", "snd_cwnd")?,
         _pad: 0,
     })
 }
@@ -502,5 +506,15 @@ mod tests {
         assert_eq!(btf.tracepoint_args("sched_switch"), Some(4));
         assert_eq!(btf.tracepoint_args("sched_wakeup"), Some(1));
         assert_eq!(btf.tracepoint_args("no_such_tracepoint"), None);
+        // The TCP programs are BTF tracepoints too: each needs its btf_trace_ type.
+        for (tp, args) in [
+            ("sock_send_length", 3),
+            ("sock_recv_length", 3),
+            ("inet_sock_set_state", 3),
+            ("tcp_probe", 2),
+        ] {
+            assert_eq!(btf.tracepoint_args(tp), Some(args), "{tp}");
+        }
+        assert!(sock.total_retrans > sock.protocol && sock.srtt_us > 0, "{sock:?}");
     }
 }

@@ -6,20 +6,20 @@
 //! - `runqueue` (required): run-queue latency, off-CPU split, thread exits — BTF tracepoints,
 //!   kernel 5.18+ with BTF;
 //! - `process`: fork/exec following of the job (the in-kernel filter) — BTF tracepoints;
-//! - `tcp`: bytes, ownership, RTT, retransmits — classic tracepoints, needs tracefs.
+//! - `tcp`: bytes, ownership, RTT, retransmits — BTF tracepoints too (kernel 6.3+ for
+//!   `sock_send_length`), so no family needs tracefs: a container needs no host mount for it.
 //!
 //! Needs CAP_BPF + CAP_PERFMON (or root).
 
 pub mod batch;
 pub mod btf;
 pub mod preflight;
-pub mod tracefs;
 
 use std::{collections::BTreeSet, os::fd::AsFd, time::Duration};
 
 use aya::{
     maps::{HashMap, Map, MapData, PerCpuArray, RingBuf},
-    programs::{BtfTracePoint, ProgramError, TracePoint},
+    programs::{BtfTracePoint, ProgramError},
     Btf, Ebpf, EbpfLoader,
 };
 use slo_probe_common::{ConnStats, Counter, SockOffsets, ThreadStats, CONN_CLOSED, THREAD_EXITED};
@@ -27,7 +27,7 @@ use slo_probe_core::{net::ConnRead, snapshot::ProbeStatus, threads::ThreadRead};
 
 use self::{
     btf::{BtfError, TaskOffsets},
-    preflight::{Preflight, TRACEFS},
+    preflight::Preflight,
 };
 use crate::sources::procfs;
 
@@ -44,17 +44,16 @@ pub const SCHED_PROGRAMS: [&str; 4] = [
 ];
 /// The process-tree programs.
 pub const PROC_PROGRAMS: [&str; 2] = ["sched_process_fork", "sched_process_exec"];
-/// The network programs on classic tracepoints: (program, category, tracepoint).
-pub const NET_PROGRAMS: [(&str, &str, &str); 4] = [
-    ("sock_send_length", "sock", "sock_send_length"),
-    ("sock_recv_length", "sock", "sock_recv_length"),
-    ("inet_sock_set_state", "sock", "inet_sock_set_state"),
-    ("tcp_probe", "tcp", "tcp_probe"),
-];
-/// The network programs on BTF tracepoints. Retransmits run in softirq context, where a classic
-/// tracepoint program is skipped whenever another one is running on the CPU (the shared
+/// The network programs, all BTF tracepoints. Retransmits run in softirq context, where a
+/// classic tracepoint program is skipped whenever another one is running on the CPU (the shared
 /// `bpf_prog_active` guard); BTF tracepoints only skip their own recursion, so none is missed.
-pub const NET_BTF_PROGRAMS: [&str; 1] = ["tcp_retransmit_skb"];
+pub const NET_PROGRAMS: [&str; 5] = [
+    "sock_send_length",
+    "sock_recv_length",
+    "inet_sock_set_state",
+    "tcp_probe",
+    "tcp_retransmit_skb",
+];
 
 /// Errors of the eBPF source.
 #[derive(Debug, thiserror::Error)]
@@ -121,8 +120,6 @@ pub struct EbpfSettings {
     pub net: bool,
     /// Capacity of the connection map.
     pub max_conns: u32,
-    /// Where tracefs is mounted.
-    pub tracefs: std::path::PathBuf,
     /// The job's root processes; `None` follows every process on the node.
     pub targets: Option<Vec<u32>>,
 }
@@ -135,7 +132,6 @@ impl Default for EbpfSettings {
             ring_bytes: 256 * 1024,
             net: true,
             max_conns: 4096,
-            tracefs: TRACEFS.into(),
             targets: None,
         }
     }
@@ -222,14 +218,8 @@ impl Probes {
         } else {
             Ok(SockOffsets::default())
         };
-        let net_offsets = if settings.net {
-            tracefs::net_offsets(|tp| tracefs::read_format(&settings.tracefs, tp))
-        } else {
-            Ok(Default::default())
-        };
         let threshold_ns = u64::try_from(settings.outlier_threshold.as_nanos()).unwrap_or(u64::MAX);
         let filter = u32::from(settings.targets.is_some());
-        let patched_net = net_offsets.as_ref().copied().unwrap_or_default();
         let patched_sock = sock.as_ref().copied().unwrap_or_default();
         let mut ebpf = EbpfLoader::new()
             .override_global("TASK_PID_OFFSET", &offsets.pid, true)
@@ -237,7 +227,6 @@ impl Probes {
             .override_global("TASK_COMM_OFFSET", &offsets.comm, true)
             .override_global("RUNQ_OUTLIER_NS", &threshold_ns, true)
             .override_global("FILTER_TRACKED", &filter, true)
-            .override_global("NET_TP_OFFSETS", &patched_net, true)
             .override_global("SOCK_OFFSETS", &patched_sock, true)
             .map_max_entries("THREADS", settings.max_threads)
             .map_max_entries("CONNS", settings.max_conns)
@@ -276,24 +265,13 @@ impl Probes {
             ));
             false
         } else {
-            let attached = net_offsets
-                .map_err(|e| crate::error_chain(&e))
-                .and(sock.map(|_| ()))
-                .and_then(|()| {
-                    NET_PROGRAMS
-                        .into_iter()
-                        .filter(|(n, _, _)| sel.wants(n))
-                        .try_for_each(|(name, category, tp)| {
-                            attach_tracepoint(&mut ebpf, name, category, tp)
-                        })
-                        .and_then(|()| {
-                            NET_BTF_PROGRAMS
-                                .into_iter()
-                                .filter(|n| sel.wants(n))
-                                .try_for_each(|name| attach_btf(&mut ebpf, name, &btf))
-                        })
-                        .map_err(|e| crate::error_chain(&e))
-                });
+            let attached = sock.map(|_| ()).and_then(|()| {
+                NET_PROGRAMS
+                    .into_iter()
+                    .filter(|n| sel.wants(n))
+                    .try_for_each(|name| attach_btf(&mut ebpf, name, &btf))
+                    .map_err(|e| crate::error_chain(&e))
+            });
             match attached {
                 Ok(()) => {
                     statuses.push(up("tcp"));
@@ -473,26 +451,6 @@ fn attach_btf(ebpf: &mut Ebpf, name: &'static str, btf: &Btf) -> Result<(), Ebpf
         .map_err(|source| EbpfError::Program { name, source })?;
     program
         .attach()
-        .map_err(|source| EbpfError::Program { name, source })?;
-    Ok(())
-}
-
-fn attach_tracepoint(
-    ebpf: &mut Ebpf,
-    name: &'static str,
-    category: &str,
-    tracepoint: &str,
-) -> Result<(), EbpfError> {
-    let program: &mut TracePoint = ebpf
-        .program_mut(name)
-        .ok_or(EbpfError::MissingProgram { name })?
-        .try_into()
-        .map_err(|source| EbpfError::Program { name, source })?;
-    program
-        .load()
-        .map_err(|source| EbpfError::Program { name, source })?;
-    program
-        .attach(category, tracepoint)
         .map_err(|source| EbpfError::Program { name, source })?;
     Ok(())
 }

@@ -1,5 +1,6 @@
-//! What this machine allows: privileges, kernel BTF, tracefs. Checked before loading eBPF so that a
-//! missing piece gets a message naming it and the fix, not a bare `EPERM` from the loader.
+//! What this machine allows: privileges and kernel BTF. Checked before loading eBPF so that a
+//! missing piece gets a message naming it and the fix, not a bare `EPERM` from the loader. (No
+//! tracefs: every program is a BTF tracepoint, attached through `bpf()` alone.)
 
 use std::{fmt, path::Path};
 
@@ -9,9 +10,6 @@ use super::btf::VMLINUX_BTF;
 const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
-
-/// Where tracefs is normally mounted.
-pub const TRACEFS: &str = "/sys/kernel/tracing";
 
 /// One finding of the preflight check.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,8 +31,6 @@ pub struct Preflight {
     pub privileges: Finding,
     /// The kernel BTF finding.
     pub btf: Finding,
-    /// The tracefs finding.
-    pub tracefs: Finding,
 }
 
 impl Preflight {
@@ -44,12 +40,10 @@ impl Preflight {
             kernel: kernel_release(),
             privileges: check_privileges(),
             btf: check_btf(Path::new(VMLINUX_BTF)),
-            tracefs: check_tracefs(Path::new(TRACEFS)),
         }
     }
 
-    /// The first finding that stops the scheduling probes (they need privileges and BTF; they
-    /// attach through BTF, not tracefs).
+    /// The first finding that stops the probes.
     pub fn blocker(&self) -> Option<&Finding> {
         [&self.privileges, &self.btf].into_iter().find(|f| !f.ok)
     }
@@ -58,7 +52,7 @@ impl Preflight {
 impl fmt::Display for Preflight {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "kernel      {}", self.kernel)?;
-        for finding in [&self.privileges, &self.btf, &self.tracefs] {
+        for finding in [&self.privileges, &self.btf] {
             let mark = if finding.ok { "ok  " } else { "MISSING" };
             writeln!(f, "{:<11} {mark} {}", finding.what, finding.detail)?;
         }
@@ -139,26 +133,6 @@ fn check_btf(path: &Path) -> Finding {
     }
 }
 
-fn check_tracefs(path: &Path) -> Finding {
-    let what = "tracefs";
-    if path.join("events").is_dir() {
-        return Finding {
-            what,
-            ok: true,
-            detail: path.display().to_string(),
-        };
-    }
-    Finding {
-        what,
-        ok: false,
-        detail: format!(
-            "not mounted at {0}: classic tracepoints need it (the scheduling probes do not); \
-             mount it with `sudo mount -t tracefs nodev {0}`",
-            path.display()
-        ),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,16 +146,9 @@ mod tests {
     }
 
     #[test]
-    fn missing_tracefs_names_the_fix() {
-        let f = check_tracefs(Path::new("/nonexistent/tracing"));
-        assert!(!f.ok);
-        assert!(f.detail.contains("mount -t tracefs"), "{}", f.detail);
-    }
-
-    #[test]
     fn report_lists_every_check() {
         let text = Preflight::run().to_string();
-        for what in ["kernel", "privileges", "btf", "tracefs"] {
+        for what in ["kernel", "privileges", "btf"] {
             assert!(text.contains(what), "{text}");
         }
     }
