@@ -6,6 +6,7 @@ pub mod cli;
 pub mod collector;
 pub mod config;
 pub mod exporters;
+pub mod healer;
 pub mod sources;
 
 /// An error and its sources on one line: `outer: inner: innermost`.
