@@ -12,8 +12,9 @@ use tokio::sync::watch;
 
 use crate::{
     collector::{self, Collector},
-    config::Config,
+    config::{Config, HealMode},
     exporters::{self, prometheus::PrometheusServer},
+    healer,
 };
 
 /// Runs the agent until SIGINT or SIGTERM.
@@ -74,6 +75,22 @@ pub fn run(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
         let stop = Arc::new(AtomicBool::new(false));
         let handle = collector::spawn(collector, config.tick(), tx, stop.clone())
             .context("cannot start the collector thread")?;
+        // The healer never stops the agent: without its journal it is off.
+        let heal = if config.heal.mode == HealMode::Off {
+            if let Err(e) = healer::restore_at_start(&config.heal) {
+                log::warn!("heal: {}", crate::error_chain(&e));
+            }
+            None
+        } else {
+            match healer::spawn(&config.heal, rx.clone(), stop.clone()) {
+                // The views go into the snapshot once the lead wires them (see healer::Views).
+                Ok((h, _views)) => Some(h),
+                Err(e) => {
+                    log::warn!("heal: {}; healing is off", crate::error_chain(&e));
+                    None
+                }
+            }
+        };
 
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
@@ -93,6 +110,9 @@ pub fn run(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
             .context("collector thread")?
             .map_err(|_| anyhow::anyhow!("the collector thread panicked"))?;
         drop(collector); // detaches every eBPF program
+        if let Some(h) = heal {
+            let _ = tokio::task::spawn_blocking(move || h.join()).await;
+        }
         log::info!("probes detached; bye");
         Ok(ExitCode::SUCCESS)
     })

@@ -8,6 +8,7 @@
 //! slots from 1.024 µs to 17.2 s (25 buckets + `+Inf`).
 
 pub mod gpu;
+pub mod heal;
 pub mod slo;
 
 use std::{convert::Infallible, fmt::Write as _, net::SocketAddr, sync::Arc};
