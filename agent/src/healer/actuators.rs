@@ -448,7 +448,7 @@ impl Actuator for NumaPinning {
         Strategy::NumaPinning
     }
 
-    fn plan(&self, job: &JobTarget, params: &Params, _: &Env<'_>, _: &mut dyn KnobIo) -> Plan {
+    fn plan(&self, job: &JobTarget, params: &Params, _: &Env<'_>, io: &mut dyn KnobIo) -> Plan {
         let mut plan = Plan::default();
         let Params::Pinning { exclusive_main } = params else {
             return plan;
@@ -461,7 +461,7 @@ impl Actuator for NumaPinning {
             ));
             return plan;
         }
-        // Least contended first: other processes' runnable threads, then utilisation.
+        // Least contended first: other processes' scheduling entities, then utilisation.
         let foreign = host::foreign_runnable(&job.pids, 5, std::time::Duration::from_millis(20));
         let mut sampler = host::CpuSampler::default();
         sampler.sample();
@@ -476,23 +476,46 @@ impl Actuator for NumaPinning {
         };
         cpus.sort_by_key(load);
         let n = cpus.len();
-        let (main, comm, rest): (Vec<u32>, Vec<u32>, Vec<u32>) = if *exclusive_main {
-            let comm = if n >= 3 { vec![cpus[1]] } else { vec![cpus[1]] };
-            let rest = if n >= 3 {
-                cpus[2..].to_vec()
-            } else {
-                cpus[1..].to_vec()
-            };
-            (vec![cpus[0]], comm, rest)
+        // Main alone on the least contended CPU (strong) or with communication on the least
+        // contended quarter (mild); communication on the next CPU when there are 4 or more (with
+        // fewer, sharing main's costs less than a contended CPU: a step hands over between them).
+        let k = if *exclusive_main { 1 } else { (n / 4).max(1) };
+        let main: Vec<u32> = cpus[..k].to_vec();
+        let (comm, rest): (Vec<u32>, Vec<u32>) = if *exclusive_main && n >= 4 {
+            (vec![cpus[1]], cpus[2..].to_vec())
         } else {
-            let k = (n / 4).max(1);
-            (cpus[..k].to_vec(), cpus[..k].to_vec(), cpus[k..].to_vec())
+            (main.clone(), cpus[k..].to_vec())
         };
         let sorted = |mut v: Vec<u32>| {
             v.sort_unstable();
             v
         };
         let (main, comm, rest) = (sorted(main), sorted(comm), sorted(rest));
+        let placed = format!(
+            "main on {}, communication on {}, the rest on {} (least contended first: {})",
+            format_cpu_list(&main),
+            format_cpu_list(&comm),
+            format_cpu_list(&rest),
+            format_cpu_list(&cpus)
+        );
+        // Moving the others around main helps nothing if main stays where it is.
+        let main_now: Vec<KnobValue> = job
+            .threads_of(&[Role::Main])
+            .filter_map(|t| {
+                io.read(&Knob::Affinity {
+                    pid: t.pid,
+                    tid: t.tid,
+                    start: start_of(job, t.pid),
+                })
+                .ok()
+            })
+            .collect();
+        if !main_now.is_empty() && main_now.iter().all(|v| *v == KnobValue::Cpus(main.clone())) {
+            plan.notes.push(format!(
+                "the main thread is already on the least contended GPU-local CPU ({placed})"
+            ));
+            return plan;
+        }
         for t in &job.threads {
             let set = match t.role {
                 Role::Main => &main,
@@ -508,13 +531,7 @@ impl Actuator for NumaPinning {
                 KnobValue::Cpus(set.clone()),
             ));
         }
-        plan.notes.push(format!(
-            "main on {}, communication on {}, the rest on {} (least contended first: {})",
-            format_cpu_list(&main),
-            format_cpu_list(&comm),
-            format_cpu_list(&rest),
-            format_cpu_list(&cpus)
-        ));
+        plan.notes.push(placed);
         plan
     }
 }

@@ -123,14 +123,42 @@ pub fn thread_cpu(pid: u32, tid: u32) -> Option<u32> {
     task_state(pid, tid).map(|(_, c)| c)
 }
 
-/// Runnable threads of processes outside `job`, per CPU they last ran on, averaged over
-/// `samples` looks `gap` apart: where other work competes with the job.
+/// The scheduling entity a process's threads compete as at the top of a CPU's run queue: its
+/// cpu cgroup (v1 `cpu` controller line, else the v2 line) when not the root, else its
+/// autogroup (`/proc/<pid>/autogroup`) where autogroups are on, else the process.
+fn entity(pid: u32) -> String {
+    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let path = cg
+        .lines()
+        .find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, ctl, path) = (f.next()?, f.next()?, f.next()?);
+            ctl.split(',').any(|c| c == "cpu").then(|| path.to_owned())
+        })
+        .or_else(|| {
+            cg.lines()
+                .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
+        });
+    match path {
+        Some(p) if p != "/" => format!("cgroup:{p}"),
+        _ => std::fs::read_to_string(format!("/proc/{pid}/autogroup"))
+            .ok()
+            .and_then(|t| t.split_whitespace().next().map(str::to_owned))
+            .unwrap_or_else(|| format!("process:{pid}")),
+    }
+}
+
+/// Competitors of the job on each CPU: the scheduling entities (cgroups, autogroups) of other
+/// processes' runnable threads there, by the CPU they last ran on, averaged over `samples`
+/// looks `gap` apart. A group of busy threads weighs as one entity under group scheduling, so
+/// this (not the thread count) says which CPU gives the job the largest share.
 pub fn foreign_runnable(
     job: &BTreeSet<u32>,
     samples: u32,
     gap: std::time::Duration,
 ) -> BTreeMap<u32, f64> {
     let mut counts: BTreeMap<u32, f64> = BTreeMap::new();
+    let mut entities: BTreeMap<u32, String> = BTreeMap::new();
     for i in 0..samples.max(1) {
         if i > 0 {
             std::thread::sleep(gap);
@@ -138,6 +166,7 @@ pub fn foreign_runnable(
         let Ok(procs) = std::fs::read_dir("/proc") else {
             break;
         };
+        let mut seen: BTreeSet<(u32, String)> = BTreeSet::new();
         for p in procs.flatten() {
             let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
                 continue;
@@ -153,9 +182,13 @@ pub fn foreign_runnable(
                     continue;
                 };
                 if let Some(('R', cpu)) = task_state(pid, tid) {
-                    *counts.entry(cpu).or_default() += 1.0 / f64::from(samples.max(1));
+                    let e = entities.entry(pid).or_insert_with(|| entity(pid)).clone();
+                    seen.insert((cpu, e));
                 }
             }
+        }
+        for (cpu, _) in seen {
+            *counts.entry(cpu).or_default() += 1.0 / f64::from(samples.max(1));
         }
     }
     counts

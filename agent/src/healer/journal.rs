@@ -319,7 +319,9 @@ pub fn restore(io: &mut dyn KnobIo, changes: &[Change]) -> Restored {
     for c in changes.iter().rev() {
         let name = c.knob.to_string();
         match io.read(&c.knob) {
-            Err(HealError::Gone { .. }) => out.left.push(format!("{name}: the process is gone")),
+            Err(HealError::Gone { .. }) => out.left.push(format!(
+                "{name}: gone (its process, thread or cgroup no longer exists)"
+            )),
             Err(e) => out
                 .failed
                 .push(format!("{name}: {}", crate::error_chain(&e))),

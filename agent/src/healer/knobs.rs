@@ -468,13 +468,18 @@ impl KnobIo for HostKnobs {
                         source,
                     })
             }
-            Knob::Cgroup { path, .. } => std::fs::read_to_string(path)
-                .map(|t| KnobValue::Text(t.trim().to_owned()))
-                .map_err(|source| HealError::Knob {
+            Knob::Cgroup { path, .. } => match std::fs::read_to_string(path) {
+                Ok(t) => Ok(KnobValue::Text(t.trim().to_owned())),
+                // The cgroup was removed: nothing left to restore.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(HealError::Gone {
+                    what: knob.to_string(),
+                }),
+                Err(source) => Err(HealError::Knob {
                     knob: knob.to_string(),
                     op: "read",
                     source,
                 }),
+            },
             Knob::SocketPriority {
                 pid,
                 start,

@@ -70,8 +70,8 @@ pub enum HealError {
         #[source]
         source: std::io::Error,
     },
-    /// The process or thread of a knob is gone (or its pid was reused).
-    #[error("{what}: the process or thread is gone")]
+    /// The process, thread or cgroup of a knob is gone (or its pid was reused).
+    #[error("{what}: its process, thread or cgroup is gone")]
     Gone {
         /// The knob.
         what: String,

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use slo_probe_core::{
     gputrace::ShimProcess,
     healer::{HostCause, IterationSample, JobObservation, NodeObs, OpenViolation},
-    slo::{Objective, SloSnapshot, Violation},
+    slo::{NodeState, Objective, SloSnapshot, Violation},
     snapshot::Snapshot,
 };
 
@@ -36,17 +36,9 @@ pub struct Observed {
     pub target: JobTarget,
 }
 
-/// Host causes in the order they are preferred when several are present: throttling causes
-/// run-queue waits of the throttled threads, and the main (launching) thread is the critical
-/// path.
-const HOST_ORDER: [HostCause; 6] = [
-    HostCause::Throttling,
-    HostCause::RunqueueMain,
-    HostCause::RunqueueCommunication,
-    HostCause::Retransmits,
-    HostCause::RunqueueDataLoader,
-    HostCause::RunqueuePinMemory,
-];
+/// Extra run-queue wait (ms/s over the node's baseline) that names a role's threads as the host
+/// cause even when their node is not breaching: a tenth of a CPU-second per second.
+const RUNQ_GROWTH_MS_PER_S: f64 = 100.0;
 
 /// The host cause a host node stands for.
 fn host_node(node: &str) -> Option<HostCause> {
@@ -80,6 +72,44 @@ fn host_text(what: &str) -> Option<HostCause> {
     })
 }
 
+/// The host cause behind the job's violation, from the host nodes of the tree: throttling when
+/// its node breaches (it makes the throttled threads wait on the run queue too); else the role
+/// whose run-queue wait grew the most over its baseline, in ms per second (time every role
+/// spends waiting, so comparable), when its node breaches or it grew by at least
+/// [`RUNQ_GROWTH_MS_PER_S`]; else retransmits when their node breaches; else the cause the
+/// attribution names.
+fn host_cause(slo: &SloSnapshot, v: &Violation) -> HostCause {
+    let breaching = |n: &slo_probe_core::slo::NodeView| {
+        matches!(n.state, NodeState::Breaching | NodeState::Violated(_))
+    };
+    if slo.node("host.throttling").is_some_and(breaching) {
+        return HostCause::Throttling;
+    }
+    let grown = slo
+        .nodes
+        .iter()
+        .filter_map(|n| {
+            let cause = host_node(&n.name)?;
+            if matches!(cause, HostCause::Throttling | HostCause::Retransmits) {
+                return None;
+            }
+            let growth = n.value? - n.baseline.unwrap_or(0.0);
+            (growth > 0.0 && (breaching(n) || growth >= RUNQ_GROWTH_MS_PER_S))
+                .then_some((growth, cause))
+        })
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    if let Some((_, cause)) = grown {
+        return cause;
+    }
+    if slo.node("host.retransmits").is_some_and(breaching) {
+        return HostCause::Retransmits;
+    }
+    v.attribution
+        .as_ref()
+        .and_then(|a| a.host.iter().find_map(|h| host_text(&h.what)))
+        .unwrap_or(HostCause::None)
+}
+
 /// The violation the healer acts on: the open one of a weighted node (the job's SLO) that
 /// opened first, with its cause.
 fn violation(slo: &SloSnapshot) -> Option<OpenViolation> {
@@ -88,21 +118,6 @@ fn violation(slo: &SloSnapshot) -> Option<OpenViolation> {
         .open()
         .filter(weighted)
         .min_by_key(|v| (v.since_ns, v.id))?;
-    let mut hosts: BTreeSet<usize> = BTreeSet::new();
-    let rank = |h: HostCause| HOST_ORDER.iter().position(|x| *x == h);
-    if let Some(a) = &v.attribution {
-        hosts.extend(
-            a.host
-                .iter()
-                .filter_map(|h| host_text(&h.what))
-                .filter_map(rank),
-        );
-    }
-    hosts.extend(
-        slo.open()
-            .filter_map(|o| host_node(&o.node))
-            .filter_map(rank),
-    );
     let dimension = v
         .attribution
         .as_ref()
@@ -112,10 +127,7 @@ fn violation(slo: &SloSnapshot) -> Option<OpenViolation> {
     Some(OpenViolation {
         node: v.node.clone(),
         dimension,
-        host: hosts
-            .first()
-            .map(|&i| HOST_ORDER[i])
-            .unwrap_or(HostCause::None),
+        host: host_cause(slo, v),
         detail: v.chain.clone(),
         since_ns: v.since_ns,
     })
@@ -257,7 +269,7 @@ mod tests {
     use super::*;
     use slo_probe_core::{
         attribution::{Attribution, HostCause as AHost},
-        slo::{Metric, NodeState, NodeView, Severity, Stat},
+        slo::{Metric, NodeView, Severity, Stat},
     };
 
     fn v(id: u64, node: &str, since: u64) -> Violation {
@@ -289,8 +301,16 @@ mod tests {
         }
     }
 
+    fn host(name: &str, value: f64, baseline: f64, state: NodeState) -> NodeView {
+        NodeView {
+            baseline: Some(baseline),
+            state,
+            ..n(name, 0.0, Objective::Below, value)
+        }
+    }
+
     #[test]
-    fn the_cause_prefers_throttling_then_the_main_thread() {
+    fn the_cause_is_throttling_else_the_largest_runqueue_growth() {
         let mut it = v(2, "iteration", 100);
         it.attribution = Some(Attribution {
             iteration_ns: (1.0, 2.0),
@@ -303,31 +323,47 @@ mod tests {
             }],
             iterations: (1, 1),
         });
+        let breaching = NodeState::Breaching;
         let slo = SloSnapshot {
             nodes: vec![
                 n("iteration", 0.4, Objective::Below, 30.0),
                 n("compute", 0.35, Objective::Above, 90.0),
-                n("host.runqueue.main", 0.0, Objective::Below, 500.0),
+                // Grew by 250 ms/s but under its (noisy) threshold; communication breaches with
+                // +26 ms/s: the main thread's growth is the cause.
+                host("host.runqueue.main", 742.0, 492.0, NodeState::Ok),
+                host("host.runqueue.communication", 40.0, 14.0, breaching),
+                host("host.throttling", 0.0, 0.0, NodeState::Ok),
             ],
-            violations: vec![v(1, "host.runqueue.main", 50), it],
+            violations: vec![v(1, "host.runqueue.communication", 50), it],
             ..Default::default()
         };
         let o = violation(&slo).expect("violation");
         assert_eq!(o.node, "iteration"); // host nodes have no weight: never acted on alone
         assert_eq!(o.host, HostCause::RunqueueMain);
         assert_eq!(o.since_ns, 100);
-        let mut slo2 = slo.clone();
-        slo2.violations.push(v(3, "host.throttling", 60));
-        assert_eq!(violation(&slo2).expect("v").host, HostCause::Throttling);
+        let mut throttled = slo.clone();
+        throttled.nodes[4].state = NodeState::Breaching;
+        assert_eq!(
+            violation(&throttled).expect("v").host,
+            HostCause::Throttling
+        );
+        // Nothing grew: the attribution's sentence.
+        let mut quiet = slo.clone();
+        quiet.nodes[2].value = Some(492.0);
+        quiet.nodes[3].value = Some(14.0);
+        assert_eq!(
+            violation(&quiet).expect("v").host,
+            HostCause::RunqueueDataLoader
+        );
         let nodes = nodes(&slo);
         assert!(nodes["compute"].higher_is_better && nodes["compute"].guarded);
         assert!(!nodes["host.runqueue.main"].guarded);
         // Only host nodes open: nothing to act on.
-        let slo3 = SloSnapshot {
+        let only_host = SloSnapshot {
             violations: vec![v(1, "host.runqueue.main", 50)],
             ..slo
         };
-        assert!(violation(&slo3).is_none());
+        assert!(violation(&only_host).is_none());
     }
 
     #[test]

@@ -696,6 +696,20 @@ struct Action {
     violated_node: String,
 }
 
+/// A before window measured in a fault, kept for the next attempt at the same violation: a
+/// rollback restores the regime it was measured in.
+#[derive(Clone, Debug)]
+struct Before {
+    since_ns: u64,
+    captured_ns: u64,
+    /// Its iterations, ms.
+    iters: Vec<f64>,
+    nodes: BTreeMap<String, Vec<f64>>,
+}
+
+/// How long a before window is reused for further attempts at the same violation.
+const BEFORE_REUSE_NS: u64 = 60_000_000_000;
+
 #[derive(Clone, Debug)]
 struct Tick {
     at_ns: u64,
@@ -731,6 +745,10 @@ pub struct Healer {
     healthy_since_ns: Option<u64>,
     /// The violation (by its start) already reported as without rule or candidate.
     reported: Option<u64>,
+    /// The cause last reported as diagnosed (violation start, node, dimension, host).
+    diagnosed: Option<(u64, String, String, HostCause)>,
+    /// The latest before window.
+    before: Option<Before>,
     reward: Option<f64>,
     outcomes: BTreeMap<(Strategy, &'static str), u64>,
     timeline: VecDeque<AuditEvent>,
@@ -781,6 +799,8 @@ impl Healer {
             regime_start_ns: 0,
             healthy_since_ns: None,
             reported: None,
+            diagnosed: None,
+            before: None,
             reward: None,
             outcomes: BTreeMap::new(),
             timeline: VecDeque::new(),
@@ -992,6 +1012,7 @@ impl Healer {
                             },
                         );
                         self.count(f.arm.strategy, "released");
+                        self.before = None;
                         self.rate.cool(
                             f.arm.strategy,
                             now + (self.config.strategy_cooldown_s * NS) as u64,
@@ -1028,7 +1049,9 @@ impl Healer {
             return Decision::Nothing;
         }
         let rule = policy::diagnose(&self.config.policy, v).map(|(i, _)| i);
-        if self.reported != Some(since) || rule.is_some() {
+        let cause = (since, v.node.clone(), v.dimension.clone(), v.host);
+        if self.diagnosed.as_ref() != Some(&cause) {
+            self.diagnosed = Some(cause);
             let e = Event::Diagnosed {
                 node: v.node.clone(),
                 dimension: v.dimension.clone(),
@@ -1122,15 +1145,38 @@ impl Healer {
             self.cooldown(now);
             return Decision::Nothing;
         }
-        let before = self.before_window(v.since_ns);
-        if before.len() < self.window_iterations() {
-            return Decision::Nothing; // still collecting the before window
-        }
+        let reuse = self.before.as_ref().filter(|b| {
+            b.since_ns == v.since_ns && now.saturating_sub(b.captured_ns) <= BEFORE_REUSE_NS
+        });
+        let (before, before_nodes, fresh) = match reuse {
+            Some(b) => (b.iters.clone(), b.nodes.clone(), false),
+            None => {
+                let before = self.before_window(v.since_ns);
+                if before.len() < self.window_iterations() {
+                    return Decision::Nothing; // still collecting the before window
+                }
+                let from = v.since_ns.max(self.regime_start_ns);
+                let mut nodes: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+                for t in self.ticks.iter().filter(|t| t.at_ns >= from) {
+                    for (name, n) in &t.nodes {
+                        nodes.entry(name.clone()).or_default().push(n.value);
+                    }
+                }
+                self.before = Some(Before {
+                    since_ns: v.since_ns,
+                    captured_ns: now,
+                    iters: before.clone(),
+                    nodes: nodes.clone(),
+                });
+                (before, nodes, true)
+            }
+        };
         let from = v.since_ns.max(self.regime_start_ns);
         let span: Vec<&Tick> = self.ticks.iter().filter(|t| t.at_ns >= from).collect();
         let pick = |f: fn(&Tick) -> Option<f64>| -> Vec<f64> {
             span.iter().filter_map(|t| f(t)).collect()
         };
+        let blocks = verify::block_means(&before, self.config.block_iterations as usize);
         let Some(m) = measured(
             &before,
             &pick(|t| t.cpu),
@@ -1139,15 +1185,10 @@ impl Healer {
         ) else {
             return Decision::Nothing;
         };
-        let mut before_nodes: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-        for t in &span {
-            for (name, n) in &t.nodes {
-                before_nodes.entry(name.clone()).or_default().push(n.value);
-            }
-        }
-        let blocks = verify::block_means(&before, self.config.block_iterations as usize);
         let o = self.objectives(&m, &base, obs.slo_p99_ms);
-        self.tuner.update(Arm::BASELINE, &o, blocks.len() as f64);
+        if fresh {
+            self.tuner.update(Arm::BASELINE, &o, blocks.len() as f64);
+        }
         self.reward = Some(o.reward);
         let mut arms = vec![Arm::BASELINE];
         for s in &candidates {
@@ -1348,6 +1389,8 @@ impl Healer {
             },
         );
         self.count(arm.strategy, "kept");
+        // A new regime: the next attempt measures its own before window.
+        self.before = None;
         self.in_force.push(InForce {
             action: a.id,
             arm,

@@ -236,8 +236,8 @@ impl Params {
                 prefetch_factor: if strong { 8 } else { 4 },
             },
             Strategy::NeighborIsolation => Self::Quota {
-                neighbor_share_percent: if strong { 1 } else { 10 },
-                neighbor_quota_percent: if strong { 10 } else { 50 },
+                neighbor_share_percent: if strong { 1 } else { 5 },
+                neighbor_quota_percent: if strong { 10 } else { 25 },
                 neighbor_idle: strong,
                 job_burst_percent: if strong { 300 } else { 100 },
             },

@@ -579,3 +579,32 @@ fn config_ranges() {
     c.policy[0].candidates.clear();
     assert!(c.validate().unwrap_err().to_string().contains("rule 0"));
 }
+
+/// After a rollback the next candidate is tried with the before window already measured in the
+/// same fault: no second wait for 40 slow iterations.
+#[test]
+fn the_before_window_is_reused_after_a_rollback() {
+    let (mut h, mut sim) = healthy_start(|s| {
+        if s == Strategy::NeighborIsolation {
+            Effect::Fixes
+        } else {
+            Effect::Useless
+        }
+    });
+    sim.fault_on();
+    let d = run(&mut h, &mut sim, 60, None);
+    let mut last_revert = None;
+    for (t, d) in &d {
+        match d {
+            Decision::Revert { .. } => last_revert = Some(*t),
+            Decision::Apply { .. } => {
+                if let Some(r) = last_revert.take() {
+                    // Cooldown (2 s) and the rolled-back tick: nothing else.
+                    assert!(t - r <= 4 * S, "next apply {} s after the revert", (t - r) / S);
+                }
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(sim.in_force, vec![Strategy::NeighborIsolation], "{d:?}");
+}
