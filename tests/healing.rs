@@ -4,8 +4,8 @@
 //! (`slo-probe agent`, eBPF probes loaded, `heal.mode = "on"`) follows it. Faults made on
 //! purpose:
 //!
-//! - busy neighbours: three spinning processes in a neighbour cgroup the config allows, pinned to
-//!   `train-main`'s CPU;
+//! - busy neighbours: three spinning processes in a neighbour cgroup the config allows (with
+//!   `cpu.shares` 4096: a neighbour that asked for 4 CPUs), pinned to `train-main`'s CPU;
 //! - a throttled job: the workload in its own cgroup with a CPU quota of 60% of what it uses.
 //!
 //! The step times the workload prints itself (CLOCK_MONOTONIC) are the independent measure:
@@ -59,6 +59,10 @@ impl Cgroup {
         let dir = root.join(&name);
         let _ = std::fs::remove_dir(&dir);
         std::fs::create_dir(&dir).ok()?;
+        if name.contains("-nb") || name.contains("-kill") || name.contains("-shadow") {
+            // A neighbour that requested 4 CPUs.
+            std::fs::write(dir.join("cpu.shares"), "4096").ok()?;
+        }
         Some(Self {
             dir,
             path: format!("/{name}"),
@@ -391,7 +395,12 @@ impl Setup {
 
 impl Drop for Setup {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // Kept when the test failed: the journal and the agent's log are the evidence.
+        if std::thread::panicking() {
+            eprintln!("kept {} for inspection", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

@@ -123,42 +123,64 @@ pub fn thread_cpu(pid: u32, tid: u32) -> Option<u32> {
     task_state(pid, tid).map(|(_, c)| c)
 }
 
-/// The scheduling entity a process's threads compete as at the top of a CPU's run queue: its
-/// cpu cgroup (v1 `cpu` controller line, else the v2 line) when not the root, else its
-/// autogroup (`/proc/<pid>/autogroup`) where autogroups are on, else the process.
-fn entity(pid: u32) -> String {
+/// CFS weight of a nice value (the kernel's `sched_prio_to_weight`).
+fn nice_weight(nice: i32) -> f64 {
+    const W: [f64; 40] = [
+        88761.0, 71755.0, 56483.0, 46273.0, 36291.0, 29154.0, 23254.0, 18705.0, 14949.0, 11916.0,
+        9548.0, 7620.0, 6100.0, 4904.0, 3906.0, 3121.0, 2501.0, 1991.0, 1586.0, 1277.0, 1024.0,
+        820.0, 655.0, 526.0, 423.0, 335.0, 272.0, 215.0, 172.0, 137.0, 110.0, 87.0, 70.0, 56.0,
+        45.0, 36.0, 29.0, 23.0, 18.0, 15.0,
+    ];
+    W[(nice.clamp(-20, 19) + 20) as usize]
+}
+
+/// The scheduling entity a process's threads compete as at the top of a CPU's run queue, and
+/// its weight: its cpu cgroup when not the root (v1 `cpu.shares`, v2 `cpu.weight` × 10.24),
+/// else its autogroup (`/proc/<pid>/autogroup`, weighted by the autogroup's nice) where
+/// autogroups are on, else the process (nice 0).
+fn entity(pid: u32, h: &super::cgroups::Hierarchies) -> (String, f64) {
     let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-    let path = cg
-        .lines()
-        .find_map(|l| {
-            let mut f = l.splitn(3, ':');
-            let (_, ctl, path) = (f.next()?, f.next()?, f.next()?);
-            ctl.split(',').any(|c| c == "cpu").then(|| path.to_owned())
-        })
-        .or_else(|| {
-            cg.lines()
-                .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
-        });
-    match path {
-        Some(p) if p != "/" => format!("cgroup:{p}"),
-        _ => std::fs::read_to_string(format!("/proc/{pid}/autogroup"))
-            .ok()
-            .and_then(|t| t.split_whitespace().next().map(str::to_owned))
-            .unwrap_or_else(|| format!("process:{pid}")),
+    let v1 = cg.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, ctl, path) = (f.next()?, f.next()?, f.next()?);
+        ctl.split(',').any(|c| c == "cpu").then(|| path.to_owned())
+    });
+    let path = v1.or_else(|| cg.lines().find_map(|l| l.strip_prefix("0::").map(str::to_owned)));
+    if let Some(p) = path.filter(|p| p != "/") {
+        let weight = h
+            .dir(&p, super::cgroups::Controller::Cpu)
+            .and_then(|(d, v)| {
+                let (file, scale) = if v == 1 { ("cpu.shares", 1.0) } else { ("cpu.weight", 10.24) };
+                let w: f64 = std::fs::read_to_string(d.join(file)).ok()?.trim().parse().ok()?;
+                Some(w * scale)
+            })
+            .unwrap_or(1024.0);
+        return (format!("cgroup:{p}"), weight);
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/autogroup")) {
+        Ok(t) => {
+            let mut f = t.split_whitespace();
+            let name = f.next().unwrap_or("autogroup").to_owned();
+            let nice = f.nth(1).and_then(|n| n.parse().ok()).unwrap_or(0);
+            (name, nice_weight(nice))
+        }
+        Err(_) => (format!("process:{pid}"), 1024.0),
     }
 }
 
-/// Competitors of the job on each CPU: the scheduling entities (cgroups, autogroups) of other
-/// processes' runnable threads there, by the CPU they last ran on, averaged over `samples`
-/// looks `gap` apart. A group of busy threads weighs as one entity under group scheduling, so
-/// this (not the thread count) says which CPU gives the job the largest share.
+/// Competition for the job on each CPU, in nice-0 CPUs' worth: the summed weight of the
+/// scheduling entities (cgroups, autogroups) of other processes' runnable threads there, by
+/// the CPU they last ran on, averaged over `samples` looks `gap` apart. Under group scheduling
+/// a group of busy threads competes with its group's weight, however many threads it has, so
+/// this (not a thread count) says which CPU gives the job the largest share.
 pub fn foreign_runnable(
     job: &BTreeSet<u32>,
     samples: u32,
     gap: std::time::Duration,
 ) -> BTreeMap<u32, f64> {
+    let h = super::cgroups::Hierarchies::detect();
     let mut counts: BTreeMap<u32, f64> = BTreeMap::new();
-    let mut entities: BTreeMap<u32, String> = BTreeMap::new();
+    let mut entities: BTreeMap<u32, (String, f64)> = BTreeMap::new();
     for i in 0..samples.max(1) {
         if i > 0 {
             std::thread::sleep(gap);
@@ -166,7 +188,7 @@ pub fn foreign_runnable(
         let Ok(procs) = std::fs::read_dir("/proc") else {
             break;
         };
-        let mut seen: BTreeSet<(u32, String)> = BTreeSet::new();
+        let mut seen: BTreeMap<(u32, String), f64> = BTreeMap::new();
         for p in procs.flatten() {
             let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
                 continue;
@@ -182,13 +204,13 @@ pub fn foreign_runnable(
                     continue;
                 };
                 if let Some(('R', cpu)) = task_state(pid, tid) {
-                    let e = entities.entry(pid).or_insert_with(|| entity(pid)).clone();
-                    seen.insert((cpu, e));
+                    let (e, w) = entities.entry(pid).or_insert_with(|| entity(pid, &h)).clone();
+                    seen.insert((cpu, e), w);
                 }
             }
         }
-        for (cpu, _) in seen {
-            *counts.entry(cpu).or_default() += 1.0 / f64::from(samples.max(1));
+        for ((cpu, _), w) in seen {
+            *counts.entry(cpu).or_default() += w / 1024.0 / f64::from(samples.max(1));
         }
     }
     counts
@@ -197,6 +219,14 @@ pub fn foreign_runnable(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nice_weights_are_the_kernels() {
+        assert_eq!(nice_weight(0), 1024.0);
+        assert_eq!(nice_weight(-20), 88761.0);
+        assert_eq!(nice_weight(19), 15.0);
+        assert_eq!(nice_weight(-10), 9548.0);
+    }
 
     #[test]
     fn own_thread_state_and_cpu_sampling() {

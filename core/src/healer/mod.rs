@@ -473,6 +473,10 @@ pub enum Event {
         arms: Vec<String>,
         /// Reward of the before window (the baseline arm's update).
         reward_before: f64,
+        /// What the before window measured.
+        before: Measured,
+        /// The healthy baseline it was judged against.
+        baseline: Baseline,
     },
     /// An action was decided.
     Apply {
@@ -1212,6 +1216,8 @@ impl Healer {
                 sample,
                 arms: arms.iter().map(Arm::label).collect(),
                 reward_before: o.reward,
+                before: m,
+                baseline: base,
             },
         );
         if arm.strategy.is_baseline() {
