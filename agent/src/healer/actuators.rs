@@ -461,15 +461,25 @@ impl Actuator for NumaPinning {
             ));
             return plan;
         }
-        // Least contended first: other processes' scheduling entities, then utilisation.
-        let foreign = host::foreign_runnable(&job.pids, 5, std::time::Duration::from_millis(20));
+        // The CPU that gives main the largest share first (against other processes' runnable
+        // threads, group scheduling weighed), then the least utilised.
+        let Some(main_thread) = job.threads_of(&[Role::Main]).next() else {
+            plan.notes.push("the job has no main thread".to_owned());
+            return plan;
+        };
+        let shares = host::cpu_shares(
+            &job.pids,
+            (main_thread.pid, main_thread.tid),
+            5,
+            std::time::Duration::from_millis(20),
+        );
         let mut sampler = host::CpuSampler::default();
         sampler.sample();
         std::thread::sleep(std::time::Duration::from_millis(50));
         sampler.sample();
         let load = |c: &u32| {
             (
-                (foreign.get(c).copied().unwrap_or(0.0) * 10.0).round() as u64,
+                1000 - (shares.get(c).copied().unwrap_or(1.0) * 1000.0).round() as u64,
                 (sampler.per_cpu.get(*c as usize).copied().unwrap_or(0.0) * 100.0) as u64,
                 *c,
             )
@@ -492,11 +502,14 @@ impl Actuator for NumaPinning {
         };
         let (main, comm, rest) = (sorted(main), sorted(comm), sorted(rest));
         let placed = format!(
-            "main on {}, communication on {}, the rest on {} (least contended first: {})",
+            "main on {}, communication on {}, the rest on {} (main's share of each CPU: {})",
             format_cpu_list(&main),
             format_cpu_list(&comm),
             format_cpu_list(&rest),
-            format_cpu_list(&cpus)
+            cpus.iter()
+                .map(|c| format!("{c}: {:.2}", shares.get(c).copied().unwrap_or(1.0)))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         // Moving the others around main helps nothing if main stays where it is.
         let main_now: Vec<KnobValue> = job

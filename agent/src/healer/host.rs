@@ -134,61 +134,79 @@ fn nice_weight(nice: i32) -> f64 {
     W[(nice.clamp(-20, 19) + 20) as usize]
 }
 
-/// The scheduling entity a process's threads compete as at the top of a CPU's run queue, and
-/// its weight: its cpu cgroup when not the root (v1 `cpu.shares`, v2 `cpu.weight` × 10.24),
-/// else its autogroup (`/proc/<pid>/autogroup`, weighted by the autogroup's nice) where
-/// autogroups are on, else the process (nice 0).
-fn entity(pid: u32, h: &super::cgroups::Hierarchies) -> (String, f64) {
+/// A thread's place in the CFS hierarchy, from the root down: its cpu cgroup's components
+/// (each with its weight: v1 `cpu.shares`, v2 `cpu.weight` × 10.24), or its autogroup where it
+/// is in the root cgroup and autogroups are on (weighted by the autogroup's nice), then the
+/// thread itself (weighted by its nice).
+fn sched_path(pid: u32, tid: u32, h: &super::cgroups::Hierarchies) -> Vec<(String, f64)> {
+    let mut out = Vec::new();
     let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
     let v1 = cg.lines().find_map(|l| {
         let mut f = l.splitn(3, ':');
         let (_, ctl, path) = (f.next()?, f.next()?, f.next()?);
         ctl.split(',').any(|c| c == "cpu").then(|| path.to_owned())
     });
-    let path = v1.or_else(|| cg.lines().find_map(|l| l.strip_prefix("0::").map(str::to_owned)));
-    if let Some(p) = path.filter(|p| p != "/") {
+    let path = v1
+        .or_else(|| cg.lines().find_map(|l| l.strip_prefix("0::").map(str::to_owned)))
+        .unwrap_or_else(|| "/".to_owned());
+    let mut prefix = String::new();
+    for c in path.split('/').filter(|c| !c.is_empty()) {
+        prefix.push('/');
+        prefix.push_str(c);
         let weight = h
-            .dir(&p, super::cgroups::Controller::Cpu)
+            .dir(&prefix, super::cgroups::Controller::Cpu)
             .and_then(|(d, v)| {
                 let (file, scale) = if v == 1 { ("cpu.shares", 1.0) } else { ("cpu.weight", 10.24) };
                 let w: f64 = std::fs::read_to_string(d.join(file)).ok()?.trim().parse().ok()?;
                 Some(w * scale)
             })
             .unwrap_or(1024.0);
-        return (format!("cgroup:{p}"), weight);
+        out.push((prefix.clone(), weight));
     }
-    match std::fs::read_to_string(format!("/proc/{pid}/autogroup")) {
-        Ok(t) => {
+    if out.is_empty() {
+        if let Ok(t) = std::fs::read_to_string(format!("/proc/{pid}/autogroup")) {
             let mut f = t.split_whitespace();
             let name = f.next().unwrap_or("autogroup").to_owned();
             let nice = f.nth(1).and_then(|n| n.parse().ok()).unwrap_or(0);
-            (name, nice_weight(nice))
+            out.push((name, nice_weight(nice)));
         }
-        Err(_) => (format!("process:{pid}"), 1024.0),
     }
+    let nice = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+        .ok()
+        .and_then(|t| {
+            let rest = t[t.rfind(')')? + 2..].to_owned();
+            rest.split_whitespace().nth(16)?.parse::<i32>().ok()
+        })
+        .unwrap_or(0);
+    out.push((format!("task:{tid}"), nice_weight(nice)));
+    out
 }
 
-/// Competition for the job on each CPU, in nice-0 CPUs' worth: the summed weight of the
-/// scheduling entities (cgroups, autogroups) of other processes' runnable threads there, by
-/// the CPU they last ran on, averaged over `samples` looks `gap` apart. Under group scheduling
-/// a group of busy threads competes with its group's weight, however many threads it has, so
-/// this (not a thread count) says which CPU gives the job the largest share.
-pub fn foreign_runnable(
+/// The share of each CPU the thread `main` (of process `pid`) would get there against the
+/// runnable threads of processes outside `job` that last ran there, averaged over `samples`
+/// looks `gap` apart. Under group scheduling a competitor weighs where its path in the CFS
+/// hierarchy parts from main's: a cgroup of busy threads competes with the cgroup's weight,
+/// however many threads it has; the share is the product over the levels of main's weight over
+/// main's and its competitors' there.
+pub fn cpu_shares(
     job: &BTreeSet<u32>,
+    main: (u32, u32),
     samples: u32,
     gap: std::time::Duration,
 ) -> BTreeMap<u32, f64> {
     let h = super::cgroups::Hierarchies::detect();
-    let mut counts: BTreeMap<u32, f64> = BTreeMap::new();
-    let mut entities: BTreeMap<u32, (String, f64)> = BTreeMap::new();
-    for i in 0..samples.max(1) {
+    let mine = sched_path(main.0, main.1, &h);
+    let mut total: BTreeMap<u32, f64> = BTreeMap::new();
+    let n = samples.max(1);
+    for i in 0..n {
         if i > 0 {
             std::thread::sleep(gap);
         }
         let Ok(procs) = std::fs::read_dir("/proc") else {
             break;
         };
-        let mut seen: BTreeMap<(u32, String), f64> = BTreeMap::new();
+        // (cpu, level) → competing entities and their weights.
+        let mut levels: BTreeMap<(u32, usize), BTreeMap<String, f64>> = BTreeMap::new();
         for p in procs.flatten() {
             let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
                 continue;
@@ -203,17 +221,31 @@ pub fn foreign_runnable(
                 let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
                     continue;
                 };
-                if let Some(('R', cpu)) = task_state(pid, tid) {
-                    let (e, w) = entities.entry(pid).or_insert_with(|| entity(pid, &h)).clone();
-                    seen.insert((cpu, e), w);
+                let Some(('R', cpu)) = task_state(pid, tid) else {
+                    continue;
+                };
+                let theirs = sched_path(pid, tid, &h);
+                let level = (0..mine.len().min(theirs.len()))
+                    .find(|&l| mine[l].0 != theirs[l].0)
+                    .unwrap_or(mine.len().min(theirs.len()).saturating_sub(1));
+                if let Some((name, w)) = theirs.get(level) {
+                    levels.entry((cpu, level)).or_default().insert(name.clone(), *w);
                 }
             }
         }
-        for ((cpu, _), w) in seen {
-            *counts.entry(cpu).or_default() += w / 1024.0 / f64::from(samples.max(1));
+        for cpu in online_cpus() {
+            let share: f64 = mine
+                .iter()
+                .enumerate()
+                .map(|(l, (_, w))| {
+                    let others: f64 = levels.get(&(cpu, l)).map_or(0.0, |m| m.values().sum());
+                    w / (w + others)
+                })
+                .product();
+            *total.entry(cpu).or_default() += share / f64::from(n);
         }
     }
-    counts
+    total
 }
 
 #[cfg(test)]

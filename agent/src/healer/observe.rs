@@ -130,6 +130,7 @@ fn violation(slo: &SloSnapshot) -> Option<OpenViolation> {
         host: host_cause(slo, v),
         detail: v.chain.clone(),
         since_ns: v.since_ns,
+        opened_ns: v.opened_ns,
     })
 }
 

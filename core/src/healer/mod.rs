@@ -15,7 +15,8 @@
 //! - **Diagnosing** matches the violation's cause (node, attribution dimension, host cause)
 //!   against the policy table ([`policy`]), drops candidates that are disabled, in force,
 //!   cooling down or unavailable, checks the cap per hour, waits for a before window of
-//!   `verify_blocks` blocks of `block_iterations` iterations measured in the fault, updates the
+//!   `verify_blocks` blocks of `block_iterations` iterations that ended after the violation
+//!   opened (its first breaching window may have begun before the fault), updates the
 //!   baseline arm with that window's reward, and lets the tuner ([`tuner`]) choose among the
 //!   candidates at both levels and the baseline (choosing the baseline means not acting).
 //! - **Verifying** skips `settle_iterations`, then blocks the iterations after the action. From
@@ -1114,8 +1115,12 @@ impl Healer {
         for &s in &rule.candidates {
             let why = if !self.config.enabled.contains(&s) {
                 Some("not in heal.enabled".to_owned())
-            } else if self.in_force.iter().any(|f| f.arm.strategy == s) {
-                Some("already in force".to_owned())
+            } else if self
+                .in_force
+                .iter()
+                .any(|f| f.arm.strategy == s && f.arm.level == Level::Strong)
+            {
+                Some("already in force at its strong level".to_owned())
             } else if let Err(r) = self.rate.check_cooldown(s, now) {
                 Some(r.to_string())
             } else {
@@ -1155,11 +1160,11 @@ impl Healer {
         let (before, before_nodes, fresh) = match reuse {
             Some(b) => (b.iters.clone(), b.nodes.clone(), false),
             None => {
-                let before = self.before_window(v.since_ns);
+                let before = self.before_window(v.opened_ns.max(v.since_ns));
                 if before.len() < self.window_iterations() {
                     return Decision::Nothing; // still collecting the before window
                 }
-                let from = v.since_ns.max(self.regime_start_ns);
+                let from = v.opened_ns.max(v.since_ns).max(self.regime_start_ns);
                 let mut nodes: BTreeMap<String, Vec<f64>> = BTreeMap::new();
                 for t in self.ticks.iter().filter(|t| t.at_ns >= from) {
                     for (name, n) in &t.nodes {
@@ -1175,7 +1180,7 @@ impl Healer {
                 (before, nodes, true)
             }
         };
-        let from = v.since_ns.max(self.regime_start_ns);
+        let from = v.opened_ns.max(v.since_ns).max(self.regime_start_ns);
         let span: Vec<&Tick> = self.ticks.iter().filter(|t| t.at_ns >= from).collect();
         let pick = |f: fn(&Tick) -> Option<f64>| -> Vec<f64> {
             span.iter().filter_map(|t| f(t)).collect()
@@ -1196,7 +1201,12 @@ impl Healer {
         self.reward = Some(o.reward);
         let mut arms = vec![Arm::BASELINE];
         for s in &candidates {
+            // A strategy kept at its mild level may still be escalated to its strong one.
+            let mild_in_force = self.in_force.iter().any(|f| f.arm.strategy == *s);
             for level in Level::ALL {
+                if mild_in_force && level == Level::Mild {
+                    continue;
+                }
                 arms.push(Arm {
                     strategy: *s,
                     level,

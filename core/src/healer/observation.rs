@@ -94,8 +94,12 @@ pub struct OpenViolation {
     pub host: HostCause,
     /// The causal chain, for the audit trail.
     pub detail: String,
-    /// CLOCK_MONOTONIC ns when its first breaching window began.
+    /// CLOCK_MONOTONIC ns when its first breaching window began (the violation's identity).
     pub since_ns: u64,
+    /// CLOCK_MONOTONIC ns when it opened: iterations after this are in the fault for sure (the
+    /// first breaching window may have begun before the fault did), so the before window of an
+    /// action is taken from them.
+    pub opened_ns: u64,
 }
 
 /// One job at one tick.

@@ -31,6 +31,8 @@ struct Sim {
     gpu_effect: fn(Strategy) -> f64,
     host: HostCause,
     unavailable: BTreeMap<Strategy, String>,
+    /// The violation's first breaching window began this long before the fault (ns).
+    early_since: u64,
 }
 
 impl Sim {
@@ -47,6 +49,7 @@ impl Sim {
             gpu_effect: |_| 1.0,
             host: HostCause::RunqueueMain,
             unavailable: BTreeMap::new(),
+            early_since: 0,
         }
     }
 
@@ -90,7 +93,8 @@ impl Sim {
             dimension: "launch_latency".into(),
             host: self.host,
             detail: "main threads waited for a CPU".into(),
-            since_ns: self.fault_since.unwrap_or(0),
+            since_ns: self.fault_since.unwrap_or(0).saturating_sub(self.early_since),
+            opened_ns: self.fault_since.unwrap_or(0) + 2 * S,
         });
         let gpu = self
             .in_force
@@ -607,4 +611,52 @@ fn the_before_window_is_reused_after_a_rollback() {
         }
     }
     assert_eq!(sim.in_force, vec![Strategy::NeighborIsolation], "{d:?}");
+}
+
+/// A strategy kept at its mild level that does not end the violation is escalated to its strong
+/// level, and nothing else is tried twice.
+#[test]
+fn a_mild_strategy_in_force_can_be_escalated() {
+    let mut h = Healer::new(1, config());
+    let mut sim = Sim::new(|_| Effect::Useless);
+    run(&mut h, &mut sim, 10, None);
+    sim.fault_on();
+    h.in_force.push(InForce {
+        action: 99,
+        arm: Arm {
+            strategy: Strategy::NumaPinning,
+            level: Level::Mild,
+        },
+        since_ns: sim.now,
+    });
+    let d = run(&mut h, &mut sim, 200, None);
+    let pinning: Vec<Level> = d
+        .iter()
+        .filter_map(|(_, d)| match d {
+            Decision::Apply {
+                strategy: Strategy::NumaPinning,
+                level,
+                ..
+            } => Some(*level),
+            _ => None,
+        })
+        .collect();
+    assert!(!pinning.is_empty() && pinning.iter().all(|l| *l == Level::Strong), "{pinning:?}");
+}
+
+/// The first breaching window began a second before the fault (it straddled the onset): the
+/// before window still holds faulty iterations only.
+#[test]
+fn the_before_window_is_taken_after_the_violation_opened() {
+    let (mut h, mut sim) = healthy_start(|_| Effect::Fixes);
+    sim.early_since = S;
+    sim.fault_on();
+    run(&mut h, &mut sim, 20, None);
+    let before = h.view(sim.now).timeline.iter().find_map(|e| match &e.event {
+        Event::Chose { before, .. } => Some(*before),
+        _ => None,
+    });
+    let before = before.expect("a choice");
+    // Faulty iterations are 60 ms (20 ms healthy): 1000 / 60 per second.
+    assert!(before.iterations_per_s < 20.0, "{before:?}");
 }
