@@ -52,6 +52,10 @@ pub fn body(e: &AuditEvent) -> String {
             node, host, detail, ..
         } => format!("job {job}: {node} violated, host cause {}: {detail}", host.as_str()),
         Event::NoRule => format!("job {job}: no policy rule matches the cause: not acting"),
+        Event::AtBaseline { now_ms, baseline_ms } => format!(
+            "job {job}: violation open but the iterations are at the healthy baseline ({now_ms:.2} \
+             vs {baseline_ms:.2} ms a block): nothing to heal"
+        ),
         Event::Skipped { strategy, reason } => format!("job {job}: {strategy} skipped: {reason}"),
         Event::NoCandidate => format!("job {job}: every candidate strategy was left out"),
         Event::Refused { reason } => format!("job {job}: not acting: {reason}"),

@@ -1,5 +1,6 @@
 //! The healer's journal: one JSON object per line, appended with a single `write` and
-//! `fdatasync`ed before the knob it describes is touched, so that whatever the agent changed can
+//! `fdatasync`ed before the knobs it describes are touched (an action's prior values in one
+//! synced append; audit events are appended without a sync), so that whatever the agent changed can
 //! be restored after a crash, a SIGKILL or a reboot of the agent: on start the agent restores
 //! every action the journal says is still applied, and `slo-probe heal undo` does the same by
 //! hand. Audit events go to the same file, so `heal history` reads one trail.
@@ -181,19 +182,29 @@ impl Journal {
 
     /// Appends one record and syncs it to disk.
     pub fn append(&mut self, record: Record) -> Result<(), HealError> {
+        self.append_all(vec![record])
+    }
+
+    /// Appends records with one `write` and one `fdatasync` (audit events alone are not synced:
+    /// losing the last of them in a crash loses no state; every other record is).
+    pub fn append_all(&mut self, records: Vec<Record>) -> Result<(), HealError> {
         let io = |source| HealError::Journal {
             path: self.path.clone(),
             source,
         };
-        let mut line = serde_json::to_vec(&Line {
-            at_ms: wall_ms(),
-            record,
-        })
-        .map_err(|e| io(std::io::Error::other(e)))?;
-        line.push(b'\n');
-        self.file.write_all(&line).map_err(io)?;
-        self.file.sync_data().map_err(io)?;
-        self.seen += line.len() as u64;
+        let at_ms = wall_ms();
+        let sync = records.iter().any(|r| !matches!(r, Record::Audit { .. }));
+        let mut bytes = Vec::new();
+        for record in records {
+            serde_json::to_writer(&mut bytes, &Line { at_ms, record })
+                .map_err(|e| io(std::io::Error::other(e)))?;
+            bytes.push(b'\n');
+        }
+        self.file.write_all(&bytes).map_err(io)?;
+        if sync {
+            self.file.sync_data().map_err(io)?;
+        }
+        self.seen += bytes.len() as u64;
         Ok(())
     }
 

@@ -249,6 +249,10 @@ impl HealerLoop {
     }
 
     fn audit(&mut self, events: Vec<AuditEvent>) {
+        if events.is_empty() {
+            return;
+        }
+        let mut records = Vec::with_capacity(events.len());
         for e in events {
             let text = audit::body(&e);
             match audit::severity(&e) {
@@ -256,12 +260,13 @@ impl HealerLoop {
                 audit::Severity::Warn => log::warn!("heal: {text}"),
                 audit::Severity::Error => log::error!("heal: {text}"),
             }
-            if let Err(err) = self.journal.append(Record::Audit {
+            records.push(Record::Audit {
                 run: self.run.clone(),
                 event: e,
-            }) {
-                log::error!("heal: {}", crate::error_chain(&err));
-            }
+            });
+        }
+        if let Err(err) = self.journal.append_all(records) {
+            log::error!("heal: {}", crate::error_chain(&err));
         }
     }
 
@@ -462,6 +467,7 @@ impl HealerLoop {
                     action,
                 };
                 let mut act = actuators::actuator(strategy);
+                let t0 = std::time::Instant::now();
                 let mut ctx = Ctx {
                     io: &mut self.io,
                     journal: &mut self.journal,
@@ -483,6 +489,11 @@ impl HealerLoop {
                     }
                     Ok(a) => match act.check_applied(&a, ctx.io) {
                         Ok(true) => {
+                            log::info!(
+                                "heal: {strategy}: {} knobs written and read back in {:?}",
+                                a.changes.len(),
+                                t0.elapsed()
+                            );
                             for n in &a.notes {
                                 log::info!("heal: {strategy}: {n}");
                             }

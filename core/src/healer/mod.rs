@@ -16,7 +16,8 @@
 //!   against the policy table ([`policy`]), drops candidates that are disabled, in force,
 //!   cooling down or unavailable, checks the cap per hour, waits for a before window of
 //!   `verify_blocks` blocks of `block_iterations` iterations that ended after the violation
-//!   opened (its first breaching window may have begun before the fault), updates the
+//!   opened (its first breaching window may have begun before the fault), does nothing when
+//!   their median block is within `min_effect` of the healthy baseline's, updates the
 //!   baseline arm with that window's reward, and lets the tuner ([`tuner`]) choose among the
 //!   candidates at both levels and the baseline (choosing the baseline means not acting).
 //! - **Verifying** skips `settle_iterations`, then blocks the iterations after the action. From
@@ -448,6 +449,14 @@ pub enum Event {
     },
     /// No rule of the policy matches the cause: nothing is done.
     NoRule,
+    /// The violation is open but the iterations are back at the healthy baseline (within
+    /// `min_effect`): nothing to heal (the SLO's window statistic lags or its tail is noise).
+    AtBaseline {
+        /// Median block of the latest window, ms.
+        now_ms: f64,
+        /// Median block of the healthy baseline, ms.
+        baseline_ms: f64,
+    },
     /// A candidate was left out.
     Skipped {
         /// The strategy.
@@ -544,6 +553,7 @@ impl Event {
             Self::Learning { .. } => "learning",
             Self::Diagnosed { .. } => "diagnosed",
             Self::NoRule => "no_rule",
+            Self::AtBaseline { .. } => "at_baseline",
             Self::Skipped { .. } => "skipped",
             Self::NoCandidate => "no_candidate",
             Self::Refused { .. } => "refused",
@@ -754,6 +764,8 @@ pub struct Healer {
     diagnosed: Option<(u64, String, String, HostCause)>,
     /// The latest before window.
     before: Option<Before>,
+    /// The violation (by its start) already reported as back at the baseline.
+    quiet: Option<u64>,
     reward: Option<f64>,
     outcomes: BTreeMap<(Strategy, &'static str), u64>,
     timeline: VecDeque<AuditEvent>,
@@ -806,6 +818,7 @@ impl Healer {
             reported: None,
             diagnosed: None,
             before: None,
+            quiet: None,
             reward: None,
             outcomes: BTreeMap::new(),
             timeline: VecDeque::new(),
@@ -884,12 +897,14 @@ impl Healer {
             &pick(|t| t.gpu),
             &pick(|t| t.jitter),
         )?;
+        let blocks = verify::block_means(&iters, self.config.block_iterations as usize);
         Some(Baseline {
             p99_ms: m.p99_ms,
             iterations_per_s: m.iterations_per_s,
             host_cpu_util: m.host_cpu_util.unwrap_or(0.0),
             gpu_util: m.gpu_util,
             sync_jitter_ms: m.sync_jitter_ms,
+            block_ms: verify::median(&blocks).unwrap_or(m.p99_ms),
         })
     }
 
@@ -1186,6 +1201,23 @@ impl Healer {
             span.iter().filter_map(|t| f(t)).collect()
         };
         let blocks = verify::block_means(&before, self.config.block_iterations as usize);
+        // Only a measurable slowdown is healed: iterations at the baseline need nothing.
+        let now_ms = verify::median(&blocks).unwrap_or(0.0);
+        if now_ms <= base.block_ms * (1.0 + self.config.min_effect) {
+            if self.quiet != Some(v.since_ns) {
+                self.quiet = Some(v.since_ns);
+                let e = Event::AtBaseline {
+                    now_ms,
+                    baseline_ms: base.block_ms,
+                };
+                self.emit(now, None, e);
+            }
+            // Measure afresh next time.
+            self.before = None;
+            self.regime_start_ns = now;
+            self.cooldown(now);
+            return Decision::Nothing;
+        }
         let Some(m) = measured(
             &before,
             &pick(|t| t.cpu),
@@ -1405,8 +1437,9 @@ impl Healer {
             },
         );
         self.count(arm.strategy, "kept");
-        // A new regime: the next attempt measures its own before window.
+        // A new regime: the next attempt measures its own before window, after this one.
         self.before = None;
+        self.regime_start_ns = now;
         self.in_force.push(InForce {
             action: a.id,
             arm,

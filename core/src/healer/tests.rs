@@ -93,7 +93,10 @@ impl Sim {
             dimension: "launch_latency".into(),
             host: self.host,
             detail: "main threads waited for a CPU".into(),
-            since_ns: self.fault_since.unwrap_or(0).saturating_sub(self.early_since),
+            since_ns: self
+                .fault_since
+                .unwrap_or(0)
+                .saturating_sub(self.early_since),
             opened_ns: self.fault_since.unwrap_or(0) + 2 * S,
         });
         let gpu = self
@@ -604,7 +607,11 @@ fn the_before_window_is_reused_after_a_rollback() {
             Decision::Apply { .. } => {
                 if let Some(r) = last_revert.take() {
                     // Cooldown (2 s) and the rolled-back tick: nothing else.
-                    assert!(t - r <= 4 * S, "next apply {} s after the revert", (t - r) / S);
+                    assert!(
+                        t - r <= 4 * S,
+                        "next apply {} s after the revert",
+                        (t - r) / S
+                    );
                 }
             }
             _ => {}
@@ -641,7 +648,10 @@ fn a_mild_strategy_in_force_can_be_escalated() {
             _ => None,
         })
         .collect();
-    assert!(!pinning.is_empty() && pinning.iter().all(|l| *l == Level::Strong), "{pinning:?}");
+    assert!(
+        !pinning.is_empty() && pinning.iter().all(|l| *l == Level::Strong),
+        "{pinning:?}"
+    );
 }
 
 /// The first breaching window began a second before the fault (it straddled the onset): the
@@ -652,11 +662,47 @@ fn the_before_window_is_taken_after_the_violation_opened() {
     sim.early_since = S;
     sim.fault_on();
     run(&mut h, &mut sim, 20, None);
-    let before = h.view(sim.now).timeline.iter().find_map(|e| match &e.event {
-        Event::Chose { before, .. } => Some(*before),
-        _ => None,
-    });
+    let before = h
+        .view(sim.now)
+        .timeline
+        .iter()
+        .find_map(|e| match &e.event {
+            Event::Chose { before, .. } => Some(*before),
+            _ => None,
+        });
     let before = before.expect("a choice");
     // Faulty iterations are 60 ms (20 ms healthy): 1000 / 60 per second.
     assert!(before.iterations_per_s < 20.0, "{before:?}");
+}
+
+/// An open violation while the iterations are at the baseline (a lagging or noisy window
+/// statistic): nothing is done, once said.
+#[test]
+fn a_violation_without_a_slowdown_is_not_acted_on() {
+    let (mut h, mut sim) = healthy_start(|_| Effect::Fixes);
+    sim.fault_on();
+    sim.fault = 1.02; // 2% slower: within min_effect
+                      // The sim opens violations only when 15% slower: force one.
+    let mut decisions = 0;
+    for _ in 0..30 {
+        let mut obs = sim.tick();
+        obs.violation = Some(OpenViolation {
+            node: "iteration".into(),
+            dimension: "launch_latency".into(),
+            host: HostCause::RunqueueMain,
+            detail: String::new(),
+            since_ns: sim.fault_since.unwrap_or(0),
+            opened_ns: sim.fault_since.unwrap_or(0),
+        });
+        if h.observe(&obs).decision != Decision::Nothing {
+            decisions += 1;
+        }
+    }
+    assert_eq!(decisions, 0);
+    let names = events(&h);
+    assert_eq!(
+        names.iter().filter(|n| **n == "at_baseline").count(),
+        1,
+        "{names:?}"
+    );
 }

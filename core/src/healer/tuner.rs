@@ -63,6 +63,8 @@ pub struct Baseline {
     pub gpu_util: Option<f64>,
     /// Gradient-sync jitter, ms (`None`: unknown, no constraint).
     pub sync_jitter_ms: Option<f64>,
+    /// Median block mean of the healthy iterations, ms (what "healed" means for verification).
+    pub block_ms: f64,
 }
 
 /// What one window measured.
@@ -364,6 +366,7 @@ mod tests {
             host_cpu_util: 0.4,
             gpu_util: Some(0.9),
             sync_jitter_ms: Some(10.0),
+            block_ms: 95.0,
         }
     }
 

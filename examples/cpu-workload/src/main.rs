@@ -193,7 +193,9 @@ struct Shim {
 
 impl Shim {
     fn load() -> Option<Self> {
-        let path = std::env::var("SLO_PROBE_SHIM").ok().filter(|p| !p.is_empty() && p != "none")?;
+        let path = std::env::var("SLO_PROBE_SHIM")
+            .ok()
+            .filter(|p| !p.is_empty() && p != "none")?;
         let c = std::ffi::CString::new(path.clone()).ok()?;
         // SAFETY: a NUL-terminated path; the library stays loaded for the process's life.
         let lib = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW) };
