@@ -484,7 +484,7 @@ impl Actuator for NumaPinning {
         let shares = host::cpu_shares(
             &job.pids,
             (main_thread.pid, main_thread.tid),
-            5,
+            3,
             std::time::Duration::from_millis(20),
         );
         let mut sampler = host::CpuSampler::default();

@@ -24,7 +24,9 @@
 //!   `early_blocks` blocks on, a clear worsening (one-sided Mann–Whitney p below `alpha` and at
 //!   least `early_min_effect` slower), a broken constraint (GPU utilisation, sync jitter) or a
 //!   side effect (another guarded node worse by more than `side_effect_budget`) rolls back at
-//!   once. At `verify_blocks` blocks (equal windows) the action is kept when the iterations are
+//!   once, and so does futility (no faster at all: effect ≤ 0 and p ≥ 0.5 for an improvement:
+//!   the full window would not reach the minimum effect). At `verify_blocks` blocks (equal
+//!   windows) the action is kept when the iterations are
 //!   significantly faster by at least `min_effect`, else rolled back. Either way the tuner
 //!   learns the window's reward.
 //! - One action at a time per job; a job cooldown after every verdict; a cooldown per strategy
@@ -306,6 +308,8 @@ impl Phase {
 pub enum RevertReason {
     /// Iterations clearly slower in the early stage.
     EarlyWorsening,
+    /// No faster at all in the early stage (futility: the full window would not help).
+    Futile,
     /// Not significantly faster by the minimum effect over the full window.
     NotBetter,
     /// Another guarded SLO node got worse.
@@ -331,6 +335,7 @@ impl RevertReason {
     pub fn as_str(&self) -> &'static str {
         match self {
             Self::EarlyWorsening => "early_worsening",
+            Self::Futile => "futile",
             Self::NotBetter => "not_better",
             Self::SideEffect { .. } => "side_effect",
             Self::Constraint { .. } => "constraint",
@@ -1405,12 +1410,17 @@ impl Healer {
                     .map(|w| (name.clone(), w))
             });
         let worse = cmp.p_worse < cfg.alpha && -cmp.effect >= cfg.early_min_effect;
+        // Futility: half the window in and no faster at all, the full window would not reach
+        // the minimum effect; the job should not wait for it.
+        let futile = !final_stage && cmp.effect <= 0.0 && cmp.p_better >= 0.5;
         let reason = if let Some((node, worse_by)) = side {
             Some(RevertReason::SideEffect { node, worse_by })
         } else if let Some(c) = o.constraint {
             Some(RevertReason::Constraint { constraint: c })
         } else if worse {
             Some(RevertReason::EarlyWorsening)
+        } else if futile {
+            Some(RevertReason::Futile)
         } else if final_stage && !(cmp.p_better < cfg.alpha && cmp.effect >= cfg.min_effect) {
             Some(RevertReason::NotBetter)
         } else {

@@ -235,7 +235,10 @@ fn a_fix_is_applied_verified_and_kept() {
         } = d
         {
             assert_ne!(*strategy, Strategy::NumaPinning);
-            assert_eq!(*reason, RevertReason::NotBetter, "at {t}");
+            assert!(
+                matches!(reason, RevertReason::NotBetter | RevertReason::Futile),
+                "{reason:?} at {t}"
+            );
         }
     }
     let view = h.view(sim.now);
@@ -270,7 +273,11 @@ fn a_useless_strategy_is_rolled_back_within_one_verify_window() {
             _ => None,
         })
         .expect("revert");
-    assert_eq!(reason, RevertReason::NotBetter);
+    // Futile at the early stage, or not better over the full window.
+    assert!(
+        matches!(reason, RevertReason::NotBetter | RevertReason::Futile),
+        "{reason:?}"
+    );
     // Settle + 8 blocks of 5 iterations at 60 ms = 2.7 s, plus the tick.
     let window_s = ((5 + 8 * 5) as f64 * 60.0 / 1000.0).ceil() as u64 + 1;
     assert!(
