@@ -118,6 +118,8 @@ def main():
     p.add_argument("--label", default=None, help="label of the run in the JSON line")
     p.add_argument("--steps-out", default=None,
                    help="write every step's CUDA-event time (ms) as JSON to FILE")
+    p.add_argument("--steps-live", default=None,
+                   help="append 'CLOCK_MONOTONIC-ns step wall-ms' to FILE as each step ends")
     p.add_argument("--diagnostic", default=None, metavar="STEP:N",
                    help="at STEP ask the shim for node-level graph tracing during N steps")
     p.add_argument("--profile", action="store_true",
@@ -178,6 +180,7 @@ def main():
     prof = None
     handover = None
     handover_events = None
+    live = open(args.steps_live, "a", buffering=1) if args.steps_live else None
     for step in range(args.steps):
         if args.profile and step == args.warmup:
             # Profile the steady state only: the first steps launch one-off kernels.
@@ -219,6 +222,8 @@ def main():
                 end_ev.record()
                 end_ev.synchronize()
         wall_ms = (time.perf_counter() - t0) * 1e3
+        if live is not None:
+            live.write(f"{time.monotonic_ns()} {step} {wall_ms:.3f}\n")
         gpu_ms = start_ev.elapsed_time(end_ev) if on_gpu else wall_ms
         per_step.append({"step": step, "cuda_event_ms": gpu_ms, "wall_ms": wall_ms})
         if step >= args.warmup:

@@ -81,7 +81,9 @@ impl Link {
              EOF"
         ));
         if let Some(q) = tx_qdisc {
-            sh(&format!("ip netns exec {tx} tc qdisc add dev vt{id} root {q}"));
+            sh(&format!(
+                "ip netns exec {tx} tc qdisc add dev vt{id} root {q}"
+            ));
         }
         Self { tx, rx, rx_addr }
     }
@@ -106,13 +108,20 @@ impl Link {
     fn tx_qdisc_drops(&self) -> u64 {
         let id = std::process::id() % 10_000;
         let out = Command::new("ip")
-            .args(["netns", "exec", &self.tx, "tc", "-s", "qdisc", "show", "dev"])
+            .args([
+                "netns", "exec", &self.tx, "tc", "-s", "qdisc", "show", "dev",
+            ])
             .arg(format!("vt{id}"))
             .output()
             .expect("tc");
         let text = String::from_utf8_lossy(&out.stdout);
         text.split_once("dropped ")
-            .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+            .and_then(|(_, rest)| {
+                rest.split(|c: char| !c.is_ascii_digit())
+                    .next()?
+                    .parse()
+                    .ok()
+            })
             .unwrap_or(0)
     }
 }
@@ -397,8 +406,15 @@ fn retransmits_under_congestion_loss_match_the_kernel() {
          drops {drops}",
         c.retransmits, t.retrans
     );
-    assert!(drops > 0, "the queue never overflowed: no congestion loss to count");
-    assert!(t.retrans > 10, "too few retransmits to compare: {}", t.retrans);
+    assert!(
+        drops > 0,
+        "the queue never overflowed: no congestion loss to count"
+    );
+    assert!(
+        t.retrans > 10,
+        "too few retransmits to compare: {}",
+        t.retrans
+    );
     assert_eq!(t.received, t.sent);
     // TCP_INFO and nstat are the kernel's own counts of this one connection: within 1%.
     let within = |probe: u64, kernel: u64| probe.abs_diff(kernel) * 100 <= kernel;
@@ -426,7 +442,10 @@ fn retransmits_under_congestion_loss_match_the_kernel() {
     let dropped = read.counters[slo_probe_common::Counter::EventRingFull as usize];
     eprintln!("ring: {segments} segments in records, {dropped} records dropped (ring full)");
     if dropped == 0 {
-        assert_eq!(segments, c.retransmits, "ring records vs the connection's count");
+        assert_eq!(
+            segments, c.retransmits,
+            "ring records vs the connection's count"
+        );
     } else {
         assert!(segments < c.retransmits, "{segments} vs {}", c.retransmits);
     }

@@ -85,6 +85,8 @@ pub struct Collector {
     retention_ns: u64,
     /// `shim.record_dir`: host samples are recorded beside each process's GPU records.
     record_dir: Option<std::path::PathBuf>,
+    /// The healers' views, once the healer runs.
+    healers: Option<crate::healer::Views>,
     shim: Option<ShimSource>,
     shim_down: String,
     nvml: Option<NvmlThread>,
@@ -219,6 +221,7 @@ impl Collector {
             pipelines,
             retention_ns: config.agent.retention_s.saturating_mul(1_000_000_000),
             record_dir,
+            healers: None,
             shim,
             shim_down,
             nvml,
@@ -280,6 +283,11 @@ impl Collector {
                 log::warn!("{}", crate::error_chain(&e));
             }
         }
+    }
+
+    /// Puts the healers' views into every snapshot from now on.
+    pub fn set_healer_views(&mut self, views: crate::healer::Views) {
+        self.healers = Some(views);
     }
 
     /// Reads every source once and returns the snapshot.
@@ -507,6 +515,11 @@ impl Collector {
                 .shim
                 .as_ref()
                 .map(ShimSource::refused)
+                .unwrap_or_default(),
+            healers: self
+                .healers
+                .as_ref()
+                .and_then(|v| v.lock().ok().map(|v| v.clone()))
                 .unwrap_or_default(),
         }
         .derive()

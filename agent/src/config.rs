@@ -5,7 +5,7 @@
 use std::{net::SocketAddr, path::Path, time::Duration};
 
 use serde::{Deserialize, Serialize};
-use slo_probe_core::roles;
+use slo_probe_core::{healer, roles};
 
 /// The documented default configuration, shipped as `agent/slo-probe.toml`.
 pub const DEFAULT_TOML: &str = include_str!("../slo-probe.toml");
@@ -60,6 +60,9 @@ pub enum ConfigError {
     /// The `[slo]` section does not make a tree.
     #[error("invalid config: [slo]: {0}")]
     Slo(#[from] slo_probe_core::slo::SloSpecError),
+    /// The `[heal]` section is out of range or its policy table is invalid.
+    #[error("invalid config: heal.{0}")]
+    Heal(#[from] slo_probe_core::healer::HealerConfigError),
 }
 
 /// Whether `endpoint` is an OTLP endpoint this build can send to: an `http://` URL with a host
@@ -114,6 +117,189 @@ pub struct Config {
     pub slo: slo_probe_core::slo::SloSpec,
     /// `[roles]`.
     pub roles: RolesConfig,
+    /// `[heal]`: the self-healing loop.
+    pub heal: HealConfig,
+}
+
+/// Default `heal.journal`.
+pub const DEFAULT_HEAL_JOURNAL: &str = "/var/lib/slo-probe/heal.jsonl";
+/// Default `heal.jobs_dir`.
+pub const DEFAULT_HEAL_JOBS_DIR: &str = "/run/slo-probe/jobs";
+
+/// `heal.mode`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HealMode {
+    /// No healing loop (the journal is still restored at start).
+    Off,
+    /// Decide and record what would be done; never write a knob.
+    #[default]
+    Shadow,
+    /// Act.
+    On,
+}
+
+impl HealMode {
+    /// `off`, `shadow` or `on`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Shadow => "shadow",
+            Self::On => "on",
+        }
+    }
+}
+
+/// `[heal]`: the self-healing loop (DESIGN decision 9). Defaults of the decision parameters
+/// are `slo_probe_core::healer`'s `DEFAULT_*` constants.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealConfig {
+    /// `off`, `shadow` or `on`. Default `shadow`.
+    pub mode: HealMode,
+    /// The journal of every action and prior value (JSONL, fsync'd). Default
+    /// [`DEFAULT_HEAL_JOURNAL`].
+    pub journal: std::path::PathBuf,
+    /// Where each job's strategy channel lives (`<dir>/<pid>/strategy.json`). Default
+    /// [`DEFAULT_HEAL_JOBS_DIR`].
+    pub jobs_dir: std::path::PathBuf,
+    /// Neighbour cgroups the healer may demote: paths as /proc/<pid>/cgroup shows them, or
+    /// prefixes ending in `*`. Default empty (no neighbour is touched).
+    pub neighbors: Vec<String>,
+    /// kubelet's CPU manager state, to leave pods' cpusets to a static policy. Default
+    /// [`crate::healer::managers::KUBELET_CPU_MANAGER_STATE`].
+    pub kubelet_cpu_manager_state: std::path::PathBuf,
+    /// Strategies the healer may choose. Default all but `fcfs-gpu` (always an arm).
+    pub enabled: Vec<slo_probe_core::healer::Strategy>,
+    /// Pause after every verdict, s. Default [`healer::DEFAULT_JOB_COOLDOWN_S`].
+    pub job_cooldown_s: f64,
+    /// Cooldown of a strategy after it was rolled back, failed, skipped or released, s. Default
+    /// [`healer::DEFAULT_STRATEGY_COOLDOWN_S`].
+    pub strategy_cooldown_s: f64,
+    /// Actions per job and hour at most. Default [`healer::DEFAULT_MAX_ACTIONS_PER_HOUR`].
+    pub max_actions_per_hour: u32,
+    /// A kept strategy is released after the job has been healthy this long, s (0: never).
+    /// Default [`healer::DEFAULT_HOLD_S`].
+    pub hold_s: f64,
+    /// Iterations per block. Default [`healer::DEFAULT_BLOCK_ITERATIONS`].
+    pub block_iterations: u32,
+    /// Blocks on each side of the final comparison. Default [`healer::DEFAULT_VERIFY_BLOCKS`].
+    pub verify_blocks: u32,
+    /// Blocks after an action before the early-rollback check. Default
+    /// [`healer::DEFAULT_EARLY_BLOCKS`].
+    pub early_blocks: u32,
+    /// Iterations skipped after an action. Default [`healer::DEFAULT_SETTLE_ITERATIONS`].
+    pub settle_iterations: u32,
+    /// Significance of both stages. Default [`healer::DEFAULT_ALPHA`].
+    pub alpha: f64,
+    /// Smallest relative improvement that keeps an action. Default
+    /// [`healer::DEFAULT_MIN_EFFECT`].
+    pub min_effect: f64,
+    /// Smallest relative worsening that rolls back early. Default
+    /// [`healer::DEFAULT_EARLY_MIN_EFFECT`].
+    pub early_min_effect: f64,
+    /// Another guarded SLO node worse by more than this fraction rolls back. Default
+    /// [`healer::DEFAULT_SIDE_EFFECT_BUDGET`].
+    pub side_effect_budget: f64,
+    /// Longest wait for the after window, s. Default [`healer::DEFAULT_VERIFY_TIMEOUT_S`].
+    pub verify_timeout_s: f64,
+    /// Longest wait for an actuator, s. Default [`healer::DEFAULT_ACT_TIMEOUT_S`].
+    pub act_timeout_s: f64,
+    /// Discount of the tuner's posteriors per update. Default [`healer::DEFAULT_DISCOUNT`].
+    pub discount: f64,
+    /// Seed of the tuner's RNG (each job's pid is mixed in). Default 0.
+    pub seed: u64,
+    /// Reward weight of the latency term (seed §4.3). Default 0.4.
+    pub reward_latency: f64,
+    /// Reward weight of the throughput term. Default 0.35.
+    pub reward_throughput: f64,
+    /// Reward weight of the CPU-headroom term. Default 0.25.
+    pub reward_cpu: f64,
+    /// GPU utilisation may fall this fraction below the baseline (else the window is
+    /// infeasible). Default 0.05.
+    pub gpu_util_drop: f64,
+    /// Gradient-sync jitter may rise this fraction above its baseline. Default 0.5.
+    pub jitter_rise: f64,
+    /// The decision table, first match wins; empty: the default table
+    /// (`slo_probe_core::healer::policy::default_rules`). Default empty.
+    pub policy: Vec<slo_probe_core::healer::policy::PolicyRule>,
+}
+
+impl Default for HealConfig {
+    fn default() -> Self {
+        let c = healer::HealerConfig::default();
+        Self {
+            mode: HealMode::Shadow,
+            journal: DEFAULT_HEAL_JOURNAL.into(),
+            jobs_dir: DEFAULT_HEAL_JOBS_DIR.into(),
+            neighbors: Vec::new(),
+            kubelet_cpu_manager_state: crate::healer::managers::KUBELET_CPU_MANAGER_STATE.into(),
+            enabled: c.enabled,
+            job_cooldown_s: c.job_cooldown_s,
+            strategy_cooldown_s: c.strategy_cooldown_s,
+            max_actions_per_hour: c.max_actions_per_hour,
+            hold_s: c.hold_s,
+            block_iterations: c.block_iterations,
+            verify_blocks: c.verify_blocks,
+            early_blocks: c.early_blocks,
+            settle_iterations: c.settle_iterations,
+            alpha: c.alpha,
+            min_effect: c.min_effect,
+            early_min_effect: c.early_min_effect,
+            side_effect_budget: c.side_effect_budget,
+            verify_timeout_s: c.verify_timeout_s,
+            act_timeout_s: c.act_timeout_s,
+            discount: c.discount,
+            seed: c.seed,
+            reward_latency: c.weights.latency,
+            reward_throughput: c.weights.throughput,
+            reward_cpu: c.weights.cpu,
+            gpu_util_drop: c.constraints.gpu_util_drop,
+            jitter_rise: c.constraints.jitter_rise,
+            policy: Vec::new(),
+        }
+    }
+}
+
+impl HealConfig {
+    /// The core healer's settings.
+    pub fn healer_config(&self) -> healer::HealerConfig {
+        healer::HealerConfig {
+            enabled: self.enabled.clone(),
+            policy: if self.policy.is_empty() {
+                healer::policy::default_rules()
+            } else {
+                self.policy.clone()
+            },
+            block_iterations: self.block_iterations,
+            verify_blocks: self.verify_blocks,
+            early_blocks: self.early_blocks,
+            settle_iterations: self.settle_iterations,
+            alpha: self.alpha,
+            min_effect: self.min_effect,
+            early_min_effect: self.early_min_effect,
+            side_effect_budget: self.side_effect_budget,
+            job_cooldown_s: self.job_cooldown_s,
+            strategy_cooldown_s: self.strategy_cooldown_s,
+            max_actions_per_hour: self.max_actions_per_hour,
+            verify_timeout_s: self.verify_timeout_s,
+            act_timeout_s: self.act_timeout_s,
+            hold_s: self.hold_s,
+            discount: self.discount,
+            weights: healer::tuner::RewardWeights {
+                latency: self.reward_latency,
+                throughput: self.reward_throughput,
+                cpu: self.reward_cpu,
+            },
+            constraints: healer::tuner::Constraints {
+                gpu_util_drop: self.gpu_util_drop,
+                jitter_rise: self.jitter_rise,
+                jitter_slo_ms: None,
+            },
+            seed: self.seed,
+            timeline: healer::DEFAULT_TIMELINE,
+        }
+    }
 }
 
 /// `[shim]`: the CUPTI shims' socket.
@@ -499,6 +685,24 @@ impl Config {
             if let Some(p) = patterns.iter().find(|p| p.is_empty() || p.len() > 64) {
                 return Err(invalid(key, p, "patterns must be 1 to 64 characters"));
             }
+        }
+        self.heal.healer_config().validate()?;
+        for c in &self.heal.neighbors {
+            if !c.starts_with('/') || c == "/" || c == "/*" {
+                return Err(invalid(
+                    "heal.neighbors",
+                    c,
+                    "must be cgroup paths as /proc/<pid>/cgroup shows them (or prefixes ending in \
+                     *), below the root",
+                ));
+            }
+        }
+        if self.heal.reward_latency + self.heal.reward_throughput + self.heal.reward_cpu <= 0.0 {
+            return Err(invalid(
+                "heal.reward_latency",
+                &self.heal.reward_latency,
+                "the three reward weights must sum to more than 0",
+            ));
         }
         for c in &self.target.cgroups {
             if !c.starts_with('/') {

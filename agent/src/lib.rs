@@ -9,6 +9,7 @@ pub mod cli;
 pub mod collector;
 pub mod config;
 pub mod exporters;
+pub mod healer;
 pub mod sources;
 
 /// Characters of user input (a path, a URL, a value) that messages quote.

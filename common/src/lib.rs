@@ -38,8 +38,7 @@ pub use gpu::{
     StepRecord, StringRecord,
 };
 pub use net::{
-    ConnClosedRecord, ConnStats, SockOffsets, TcpRetransmitRecord, TcpTuple,
-    CONN_CLOSED,
+    ConnClosedRecord, ConnStats, SockOffsets, TcpRetransmitRecord, TcpTuple, CONN_CLOSED,
 };
 pub use proc::{ProcessEventRecord, PROC_EXEC, PROC_EXIT, PROC_FORK};
 pub use sched::{

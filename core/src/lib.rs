@@ -7,6 +7,7 @@ pub mod attribution;
 pub mod cgroup;
 pub mod gpu;
 pub mod gputrace;
+pub mod healer;
 pub mod host;
 pub mod net;
 pub mod occupancy;

@@ -29,8 +29,8 @@ use aya_ebpf::{
 };
 use slo_probe_common::{
     net::{AF_INET, AF_INET6},
-    ConnClosedRecord, ConnStats, Counter, RecordHeader, SockOffsets, TcpRetransmitRecord,
-    TcpTuple, CONN_CLOSED,
+    ConnClosedRecord, ConnStats, Counter, RecordHeader, SockOffsets, TcpRetransmitRecord, TcpTuple,
+    CONN_CLOSED,
 };
 
 use crate::shared::{

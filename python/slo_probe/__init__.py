@@ -36,14 +36,21 @@ import warnings
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, TypeVar, overload
 
+from . import _strategy
+from ._strategy import allocator_fragmentation, compact_if_fragmented, fragmentation_rate, on_strategy
+
 __all__ = [
     "DEPTHS",
     "STATUS_FLAGS",
+    "allocator_fragmentation",
     "available",
+    "compact_if_fragmented",
     "cupti_reacquire",
     "cupti_released",
     "depth",
+    "fragmentation_rate",
     "instrument",
+    "on_strategy",
     "op",
     "request_depth",
     "status",
@@ -348,6 +355,8 @@ class _Step:
         self._shim = self._current = None
         if s is not None:
             s.step_end(i)  # the shim that saw begin, even if the backend changed meanwhile
+        if _strategy._callbacks:
+            _strategy.poll()  # the healer's job-side strategies, at the step boundary
 
     def __call__(self, fn: _F) -> _F:
         index = self._index

@@ -12,12 +12,13 @@ use tokio::sync::watch;
 
 use crate::{
     collector::{self, Collector},
-    config::Config,
+    config::{Config, HealMode},
     exporters::{
         otlp::{OtlpExporter, Settings},
         prometheus::PrometheusServer,
         Exporter,
     },
+    healer,
 };
 
 /// What the agent checks before it starts anything, and `config check` checks too: the OTLP
@@ -89,6 +90,26 @@ pub fn run(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
             .map(|e| (e.name(), e.start(rx.clone(), shutdown_rx.clone())))
             .collect();
         let stop = Arc::new(AtomicBool::new(false));
+        let mut collector = collector;
+        // The healer never stops the agent: without its journal it is off.
+        let heal = if config.heal.mode == HealMode::Off {
+            if let Err(e) = healer::restore_at_start(&config.heal) {
+                log::warn!("heal: {}", crate::error_chain(&e));
+            }
+            None
+        } else {
+            match healer::spawn(&config.heal, rx.clone(), stop.clone()) {
+                Ok((h, views)) => {
+                    // Its views go into every snapshot from now on.
+                    collector.set_healer_views(views);
+                    Some(h)
+                }
+                Err(e) => {
+                    log::warn!("heal: {}; healing is off", crate::error_chain(&e));
+                    None
+                }
+            }
+        };
         let handle = collector::spawn(collector, config.tick(), tx, stop.clone())
             .context("cannot start the collector thread")?;
 
@@ -109,6 +130,9 @@ pub fn run(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
             .context("collector thread")?
             .map_err(|_| anyhow::anyhow!("the collector thread panicked"))?;
         drop(collector); // detaches every eBPF program
+        if let Some(h) = heal {
+            let _ = tokio::task::spawn_blocking(move || h.join()).await;
+        }
         log::info!("probes detached; bye");
         Ok(ExitCode::SUCCESS)
     })

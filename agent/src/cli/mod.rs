@@ -3,6 +3,7 @@
 //! [`replay`]; `check` and `config` are short enough to live here.
 
 pub mod agent;
+pub mod heal;
 pub mod json;
 pub mod observe;
 pub mod replay;
@@ -111,6 +112,38 @@ pub enum Cmd {
         #[command(subcommand)]
         action: ConfigCmd,
     },
+    /// The self-healing loop's journal: what is applied, what happened, and undo.
+    Heal {
+        /// TOML configuration file (for heal.journal and heal.jobs_dir).
+        #[arg(short, long, global = true)]
+        config: Option<PathBuf>,
+        /// The journal (overrides heal.journal).
+        #[arg(long, global = true, value_name = "FILE")]
+        journal: Option<PathBuf>,
+        #[command(subcommand)]
+        action: HealCmd,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum HealCmd {
+    /// Actions still applied, with every knob's prior, written and current value.
+    Status,
+    /// The audit trail: decisions, actions, verdicts, restores.
+    History {
+        /// Only this job (its training process id).
+        #[arg(long)]
+        job: Option<u32>,
+        /// The last N lines.
+        #[arg(long, default_value_t = 50)]
+        last: usize,
+        /// JSON lines as journalled.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Restore every knob of every action still applied and read each back (exit 1 when one
+    /// could not be restored). A running agent forgets the actions undone.
+    Undo,
 }
 
 #[derive(Subcommand)]
@@ -259,6 +292,30 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     ExitCode::FAILURE
                 }
             })
+        }
+        Cmd::Heal {
+            config,
+            journal,
+            action,
+        } => {
+            let config = load_config(config.as_ref())?;
+            let path = journal.unwrap_or_else(|| config.heal.journal.clone());
+            let jobs = &config.heal.jobs_dir;
+            match action {
+                HealCmd::Status => {
+                    print!("{}", heal::status(&path, jobs)?);
+                    Ok(ExitCode::SUCCESS)
+                }
+                HealCmd::History { job, last, json } => {
+                    print!("{}", heal::history(&path, job, last, json)?);
+                    Ok(ExitCode::SUCCESS)
+                }
+                HealCmd::Undo => {
+                    let (text, ok) = heal::undo(&path, jobs)?;
+                    print!("{text}");
+                    Ok(heal::exit(ok))
+                }
+            }
         }
         Cmd::Config { action } => match action {
             ConfigCmd::PrintDefault => {

@@ -327,6 +327,7 @@ pub(crate) fn rich_snapshot() -> Snapshot {
     Snapshot {
         taken_at_ns: 90_000_000_000,
         shim_refused: vec![("uid", 2), ("unsealed", 1)],
+        healers: Vec::new(),
         threads: Some(threads()),
         outliers: OutlierSnapshot {
             per_process: [(4100, 3), (4200, 1)].into(),

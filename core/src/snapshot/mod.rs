@@ -160,6 +160,8 @@ pub struct Snapshot {
     /// Shim connections the agent refused since it started, by reason (empty when the shim
     /// source is off).
     pub shim_refused: Vec<(&'static str, u64)>,
+    /// The healer of each job, where the healer runs (`heal.mode` shadow or on).
+    pub healers: Vec<crate::healer::HealerView>,
 }
 
 impl Snapshot {

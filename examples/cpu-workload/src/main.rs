@@ -16,6 +16,13 @@
 //!
 //! With the defaults it keeps more threads runnable than a 2-core machine has cores, so the
 //! threads wait on run queues for real. Prints step-time statistics at the end.
+//!
+//! For the healing tests: `--work N` makes each step N forward/backward pairs (a fixed amount of
+//! CPU work), `--pin-main CPU` pins `train-main` to a CPU (as a launcher pinning a rank would),
+//! `--print-steps` prints `step <i> <end CLOCK_MONOTONIC ns> <duration ns>` per step, and with
+//! `SLO_PROBE_SHIM` naming `libslo_probe_cupti.so` each step is marked through the shim
+//! (`slo_probe_step_begin/end`), as the python client does, so that the agent sees iterations
+//! without a GPU.
 
 use std::{
     io::{Read, Write},
@@ -35,6 +42,9 @@ struct Args {
     duration: Duration,
     loaders: usize,
     augment: usize,
+    work: usize,
+    pin_main: Option<usize>,
+    print_steps: bool,
     /// Set in the worker processes: which worker this is.
     loader_worker: Option<usize>,
 }
@@ -44,6 +54,9 @@ fn parse_args() -> Result<Args, String> {
         duration: Duration::from_secs(10),
         loaders: 3,
         augment: 128,
+        work: 1,
+        pin_main: None,
+        print_steps: false,
         loader_worker: None,
     };
     let mut it = std::env::args().skip(1);
@@ -58,10 +71,14 @@ fn parse_args() -> Result<Args, String> {
             "--loaders" => args.loaders = value("--loaders")? as usize,
             "--augment" => args.augment = value("--augment")? as usize,
             "--loader-worker" => args.loader_worker = Some(value("--loader-worker")? as usize),
+            "--work" => args.work = (value("--work")? as usize).max(1),
+            "--pin-main" => args.pin_main = Some(value("--pin-main")? as usize),
+            "--print-steps" => args.print_steps = true,
             "-h" | "--help" => {
                 println!(
                     "usage: slo-probe-workload [--duration SECS (10)] [--loaders N (3)] \
-                     [--augment PASSES (128)]\n\
+                     [--augment PASSES (128)] [--work PAIRS (1)] [--pin-main CPU] \
+                     [--print-steps]\n\
                      A training-shaped CPU workload: loader worker processes, a pin-memory \
                      thread, a compute loop, a \
                      loopback gradient exchange."
@@ -166,6 +183,64 @@ fn from_bytes(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
+}
+
+/// The shim's step markers, when `SLO_PROBE_SHIM` names the library.
+struct Shim {
+    begin: extern "C" fn(u64),
+    end: extern "C" fn(u64),
+}
+
+impl Shim {
+    fn load() -> Option<Self> {
+        let path = std::env::var("SLO_PROBE_SHIM")
+            .ok()
+            .filter(|p| !p.is_empty() && p != "none")?;
+        let c = std::ffi::CString::new(path.clone()).ok()?;
+        // SAFETY: a NUL-terminated path; the library stays loaded for the process's life.
+        let lib = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW) };
+        if lib.is_null() {
+            eprintln!("slo-probe-workload: cannot load the shim {path}: running without markers");
+            return None;
+        }
+        let sym = |name: &str| {
+            let n = std::ffi::CString::new(name).ok()?;
+            // SAFETY: a valid handle and symbol name.
+            let p = unsafe { libc::dlsym(lib, n.as_ptr()) };
+            (!p.is_null()).then_some(p)
+        };
+        let (b, e) = (sym("slo_probe_step_begin")?, sym("slo_probe_step_end")?);
+        // SAFETY: the shim's ABI: `void slo_probe_step_begin(uint64_t)` and `..._end(uint64_t)`.
+        Some(unsafe {
+            Shim {
+                begin: std::mem::transmute::<*mut libc::c_void, extern "C" fn(u64)>(b),
+                end: std::mem::transmute::<*mut libc::c_void, extern "C" fn(u64)>(e),
+            }
+        })
+    }
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin_this_thread(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the pointers are valid.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc != 0 {
+        eprintln!("slo-probe-workload: cannot pin train-main to CPU {cpu}");
+    }
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn main() {
@@ -288,12 +363,23 @@ fn main() {
     let mut act = vec![0f32; DIM * DIM];
     let mut grad = vec![0f32; DIM * DIM];
     let mut step_times = Vec::new();
+    let shim = Shim::load();
+    if let Some(cpu) = args.pin_main {
+        pin_this_thread(cpu);
+    }
     let start = Instant::now();
+    let mut step = 0u64;
     while start.elapsed() < args.duration {
         let t0 = Instant::now();
+        let m0 = monotonic_ns();
+        if let Some(s) = &shim {
+            (s.begin)(step);
+        }
         let Ok(batch) = batch_rx.recv() else { break };
-        matmul(&batch, &weights, &mut act); // forward
-        matmul(&act, &batch, &mut grad); // backward
+        for _ in 0..args.work {
+            matmul(&batch, &weights, &mut act); // forward
+            matmul(&act, &batch, &mut grad); // backward
+        }
         if grad_tx.send(std::mem::take(&mut grad)).is_err() {
             break;
         }
@@ -304,6 +390,14 @@ fn main() {
             *w -= 1e-6 * g;
         }
         grad = reduced;
+        if let Some(s) = &shim {
+            (s.end)(step);
+        }
+        if args.print_steps {
+            let m1 = monotonic_ns();
+            println!("step {step} {m1} {}", m1 - m0);
+        }
+        step += 1;
         let dt = t0.elapsed();
         last_step_us.store(dt.as_micros() as u64, Ordering::Relaxed);
         step_times.push(dt);

@@ -16,6 +16,7 @@
 //! buckets + `+Inf`).
 
 pub mod gpu;
+mod heal;
 mod host;
 mod process;
 pub mod slo;
@@ -167,6 +168,7 @@ pub fn walk(snapshot: &Snapshot, options: Options, sink: &mut impl Sink) {
     if let Some(g) = &snapshot.gpus {
         gpu::walk(sink, g);
     }
+    heal::walk(sink, &snapshot.healers);
 
     sink.family(&EBPF_DROPPED);
     for c in Counter::ALL.into_iter().filter(|c| c.is_drop()) {

@@ -515,6 +515,9 @@ mod tests {
         ] {
             assert_eq!(btf.tracepoint_args(tp), Some(args), "{tp}");
         }
-        assert!(sock.total_retrans > sock.protocol && sock.srtt_us > 0, "{sock:?}");
+        assert!(
+            sock.total_retrans > sock.protocol && sock.srtt_us > 0,
+            "{sock:?}"
+        );
     }
 }

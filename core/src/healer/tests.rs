@@ -1,0 +1,715 @@
+//! The state machine on a simulated job: one tick a second, iterations of a fixed cost with 3%
+//! noise, a fault that multiplies their time, and strategies that do or do not undo it.
+
+use super::*;
+use crate::healer::tuner::Rng;
+
+const S: u64 = 1_000_000_000;
+
+/// What a strategy does to the simulated fault.
+#[derive(Clone, Copy, PartialEq)]
+enum Effect {
+    /// Undoes the fault.
+    Fixes,
+    /// Changes nothing.
+    Useless,
+    /// Makes iterations this much slower still.
+    Worse(f64),
+}
+
+struct Sim {
+    now: u64,
+    base_ms: f64,
+    fault: f64,
+    fault_since: Option<u64>,
+    noise: Rng,
+    effect: fn(Strategy) -> Effect,
+    in_force: Vec<Strategy>,
+    /// A guarded node ("compute", GPU utilisation %) and its value.
+    gpu: f64,
+    /// What applying a strategy does to GPU utilisation (multiplier).
+    gpu_effect: fn(Strategy) -> f64,
+    host: HostCause,
+    unavailable: BTreeMap<Strategy, String>,
+    /// The violation's first breaching window began this long before the fault (ns).
+    early_since: u64,
+}
+
+impl Sim {
+    fn new(effect: fn(Strategy) -> Effect) -> Self {
+        Self {
+            now: 0,
+            base_ms: 20.0,
+            fault: 1.0,
+            fault_since: None,
+            noise: Rng::new(11),
+            effect,
+            in_force: Vec::new(),
+            gpu: 90.0,
+            gpu_effect: |_| 1.0,
+            host: HostCause::RunqueueMain,
+            unavailable: BTreeMap::new(),
+            early_since: 0,
+        }
+    }
+
+    fn iteration_ms(&self) -> f64 {
+        let mut f = self.fault;
+        for s in &self.in_force {
+            match (self.effect)(*s) {
+                Effect::Fixes => f = 1.0,
+                Effect::Useless => {}
+                Effect::Worse(x) => f *= x,
+            }
+        }
+        self.base_ms * f
+    }
+
+    fn fault_on(&mut self) {
+        self.fault = 3.0;
+        self.fault_since = Some(self.now);
+    }
+
+    /// One second of the job.
+    fn tick(&mut self) -> JobObservation {
+        let start = self.now;
+        self.now += S;
+        let mut iterations = Vec::new();
+        let mut t = start;
+        loop {
+            let ms = self.iteration_ms() * (1.0 + 0.03 * self.noise.normal());
+            t += (ms * 1e6) as u64;
+            if t > self.now {
+                break;
+            }
+            iterations.push(IterationSample {
+                end_ns: t,
+                wall_ms: ms,
+            });
+        }
+        let slow = self.iteration_ms() > self.base_ms * 1.15;
+        let violation = (slow && self.fault_since.is_some()).then(|| OpenViolation {
+            node: "iteration".into(),
+            dimension: "launch_latency".into(),
+            host: self.host,
+            detail: "main threads waited for a CPU".into(),
+            since_ns: self
+                .fault_since
+                .unwrap_or(0)
+                .saturating_sub(self.early_since),
+            opened_ns: self.fault_since.unwrap_or(0) + 2 * S,
+        });
+        let gpu = self
+            .in_force
+            .iter()
+            .fold(self.gpu, |g, s| g * (self.gpu_effect)(*s))
+            + 0.1 * self.noise.normal();
+        let mut nodes = BTreeMap::new();
+        nodes.insert(
+            "compute".to_owned(),
+            NodeObs {
+                value: gpu,
+                higher_is_better: true,
+                guarded: true,
+            },
+        );
+        JobObservation {
+            at_ns: self.now,
+            iteration_p99_ms: Some(self.iteration_ms() * 1.06),
+            slo_p99_ms: Some(self.base_ms * 1.15),
+            iterations_per_s: Some(1000.0 / self.iteration_ms()),
+            host_cpu_util: Some(0.5),
+            gpu_util: None,
+            sync_jitter_ms: None,
+            nodes,
+            violation,
+            iterations,
+            unavailable: self.unavailable.clone(),
+        }
+    }
+}
+
+fn config() -> HealerConfig {
+    HealerConfig {
+        job_cooldown_s: 2.0,
+        ..HealerConfig::default()
+    }
+}
+
+/// The agent's side: carries out decisions on the simulated job and reports them.
+fn run(
+    h: &mut Healer,
+    sim: &mut Sim,
+    seconds: u64,
+    report: Option<Outcome>,
+) -> Vec<(u64, Decision)> {
+    let mut out = Vec::new();
+    for _ in 0..seconds {
+        let obs = sim.tick();
+        let step = h.observe(&obs);
+        match &step.decision {
+            Decision::Apply {
+                action, strategy, ..
+            } => {
+                let o = report.clone().unwrap_or(Outcome::Applied);
+                if o == Outcome::Applied {
+                    sim.in_force.push(*strategy);
+                }
+                h.outcome(*action, o, sim.now);
+            }
+            Decision::Revert {
+                action, strategy, ..
+            } => {
+                sim.in_force.retain(|s| s != strategy);
+                h.outcome(*action, Outcome::Reverted, sim.now);
+            }
+            _ => {}
+        }
+        if step.decision != Decision::Nothing {
+            out.push((sim.now, step.decision));
+        }
+    }
+    out
+}
+
+fn healthy_start(effect: fn(Strategy) -> Effect) -> (Healer, Sim) {
+    let mut h = Healer::new(1, config());
+    let mut sim = Sim::new(effect);
+    assert!(run(&mut h, &mut sim, 10, None).is_empty());
+    assert!(h.baseline().is_some());
+    (h, sim)
+}
+
+fn events(h: &Healer) -> Vec<&'static str> {
+    h.view(0).timeline.iter().map(|e| e.event.name()).collect()
+}
+
+#[test]
+fn a_healthy_job_gets_no_action() {
+    let (mut h, mut sim) = healthy_start(|_| Effect::Fixes);
+    assert!(run(&mut h, &mut sim, 120, None).is_empty());
+    assert_eq!(h.phase(), Phase::Watching);
+    assert!(h.view(sim.now).timeline.is_empty());
+}
+
+#[test]
+fn no_baseline_no_action() {
+    let mut h = Healer::new(1, config());
+    let mut sim = Sim::new(|_| Effect::Fixes);
+    sim.fault_on();
+    assert!(run(&mut h, &mut sim, 5, None).is_empty());
+    assert_eq!(events(&h), vec!["learning"]);
+}
+
+#[test]
+fn a_fix_is_applied_verified_and_kept() {
+    let (mut h, mut sim) = healthy_start(|s| {
+        if s == Strategy::NumaPinning {
+            Effect::Fixes
+        } else {
+            Effect::Useless
+        }
+    });
+    sim.fault_on();
+    let onset = sim.now;
+    let d = run(&mut h, &mut sim, 120, None);
+    let kept = d
+        .iter()
+        .find(|(_, d)| matches!(d, Decision::Keep { .. }))
+        .expect("a kept action");
+    assert!(
+        matches!(
+            kept.1,
+            Decision::Keep {
+                strategy: Strategy::NumaPinning,
+                ..
+            }
+        ),
+        "{d:?}"
+    );
+    assert_eq!(sim.in_force, vec![Strategy::NumaPinning]);
+    // Every useless one tried before was rolled back after one verify window.
+    for (t, d) in &d {
+        if let Decision::Revert {
+            strategy, reason, ..
+        } = d
+        {
+            assert_ne!(*strategy, Strategy::NumaPinning);
+            assert!(
+                matches!(reason, RevertReason::NotBetter | RevertReason::Futile),
+                "{reason:?} at {t}"
+            );
+        }
+    }
+    let view = h.view(sim.now);
+    assert_eq!(view.in_force.len(), 1);
+    assert!(view.reward.is_some_and(|r| r > 0.9), "{view:?}");
+    assert!(!view.pareto.is_empty() && view.hypervolume > 0.0);
+    // The fault was healed well within a minute of its onset.
+    assert!(
+        kept.0 - onset < 60 * S,
+        "kept after {} s",
+        (kept.0 - onset) / S
+    );
+    let names = events(&h);
+    for e in ["diagnosed", "chose", "apply", "applied", "kept"] {
+        assert!(names.contains(&e), "{e} missing from {names:?}");
+    }
+}
+
+#[test]
+fn a_useless_strategy_is_rolled_back_within_one_verify_window() {
+    let (mut h, mut sim) = healthy_start(|_| Effect::Useless);
+    sim.fault_on();
+    let d = run(&mut h, &mut sim, 30, None);
+    let (applied_at, _) = d
+        .iter()
+        .find(|(_, d)| matches!(d, Decision::Apply { .. }))
+        .expect("apply");
+    let (reverted_at, reason) = d
+        .iter()
+        .find_map(|(t, d)| match d {
+            Decision::Revert { reason, .. } => Some((*t, reason.clone())),
+            _ => None,
+        })
+        .expect("revert");
+    // Futile at the early stage, or not better over the full window.
+    assert!(
+        matches!(reason, RevertReason::NotBetter | RevertReason::Futile),
+        "{reason:?}"
+    );
+    // Settle + 8 blocks of 5 iterations at 60 ms = 2.7 s, plus the tick.
+    let window_s = ((5 + 8 * 5) as f64 * 60.0 / 1000.0).ceil() as u64 + 1;
+    assert!(
+        reverted_at - applied_at <= window_s * S,
+        "{} s",
+        (reverted_at - applied_at) / S
+    );
+    assert!(sim.in_force.is_empty());
+}
+
+#[test]
+fn a_strategy_that_makes_it_worse_is_rolled_back_early() {
+    let (mut h, mut sim) = healthy_start(|_| Effect::Worse(1.5));
+    sim.fault_on();
+    let d = run(&mut h, &mut sim, 30, None);
+    let revert = d.iter().find_map(|(_, d)| match d {
+        Decision::Revert { reason, .. } => Some(reason.clone()),
+        _ => None,
+    });
+    assert_eq!(revert, Some(RevertReason::EarlyWorsening), "{d:?}");
+    let stats = h
+        .view(sim.now)
+        .timeline
+        .iter()
+        .find_map(|e| match &e.event {
+            Event::Revert { stats, .. } => *stats,
+            _ => None,
+        });
+    let stats = stats.expect("stats");
+    // At the first tick with at least the early blocks, before the full window.
+    assert!(
+        (DEFAULT_EARLY_BLOCKS as usize..DEFAULT_VERIFY_BLOCKS as usize)
+            .contains(&stats.after_blocks),
+        "{stats:?}"
+    );
+    assert!(stats.p_worse < 0.05 && stats.effect < -0.3, "{stats:?}");
+}
+
+#[test]
+fn a_side_effect_on_another_node_rolls_back() {
+    let (mut h, mut sim) = healthy_start(|_| Effect::Fixes);
+    sim.gpu_effect = |_| 0.97; // GPU utilisation −3%
+    sim.fault_on();
+    let d = run(&mut h, &mut sim, 20, None);
+    let reason = d.iter().find_map(|(_, d)| match d {
+        Decision::Revert { reason, .. } => Some(reason.clone()),
+        _ => None,
+    });
+    match reason {
+        Some(RevertReason::SideEffect { node, worse_by }) => {
+            assert_eq!(node, "compute");
+            assert!((worse_by - 0.03).abs() < 0.01, "{worse_by}");
+        }
+        other => panic!("{other:?} in {d:?}"),
+    }
+}
+
+#[test]
+fn one_action_at_a_time() {
+    let (mut h, mut sim) = healthy_start(|_| Effect::Useless);
+    sim.fault_on();
+    let d = run(&mut h, &mut sim, 120, None);
+    // Between any two applies there is a verdict.
+    let mut open = false;
+    for (_, d) in &d {
+        match d {
+            Decision::Apply { .. } => {
+                assert!(!open, "two actions at once: {d:?}");
+                open = true;
+            }
+            Decision::Revert { .. } | Decision::Keep { .. } => open = false,
+            Decision::Nothing => {}
+        }
+    }
+    assert!(sim.in_force.len() <= 1);
+}
+
+#[test]
+fn a_rolled_back_strategy_cools_down_and_the_cap_holds() {
+    let mut cfg = config();
+    cfg.max_actions_per_hour = 2;
+    let mut h = Healer::new(1, cfg);
+    let mut sim = Sim::new(|_| Effect::Useless);
+    run(&mut h, &mut sim, 10, None);
+    sim.fault_on();
+    let d = run(&mut h, &mut sim, 300, None);
+    let applied: Vec<Strategy> = d
+        .iter()
+        .filter_map(|(_, d)| match d {
+            Decision::Apply { strategy, .. } => Some(*strategy),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(applied.len(), 2, "{applied:?}");
+    // The same strategy is not tried twice within its cooldown (300 s).
+    assert_ne!(applied[0], applied[1]);
+    let view = h.view(sim.now);
+    assert!(view
+        .timeline
+        .iter()
+        .any(|e| matches!(&e.event, Event::Refused { reason } if reason.contains("cap of 2"))));
+    assert_eq!(view.actions_last_hour, 2);
+}
+
+#[test]
+fn cooling_and_unavailable_candidates_are_skipped_with_a_reason() {
+    let (mut h, mut sim) = healthy_start(|_| Effect::Fixes);
+    sim.unavailable.insert(
+        Strategy::NeighborIsolation,
+        "no neighbour cgroup is allowed (heal.neighbors is empty)".into(),
+    );
+    h.rate.cool(Strategy::DeadlineAware, 1000 * S);
+    sim.fault_on();
+    let d = run(&mut h, &mut sim, 30, None);
+    assert!(d.iter().all(|(_, d)| !matches!(d, Decision::Apply { strategy, .. } if *strategy != Strategy::NumaPinning)));
+    let skipped: Vec<(Strategy, String)> = h
+        .view(sim.now)
+        .timeline
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::Skipped { strategy, reason } => Some((*strategy, reason.clone())),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        skipped
+            .iter()
+            .any(|(s, r)| *s == Strategy::DeadlineAware && r.contains("cooling down")),
+        "{skipped:?}"
+    );
+    assert!(
+        skipped
+            .iter()
+            .any(|(s, r)| *s == Strategy::NeighborIsolation && r.contains("heal.neighbors")),
+        "{skipped:?}"
+    );
+}
+
+#[test]
+fn shadow_records_and_verifies_nothing() {
+    let (mut h, mut sim) = healthy_start(|_| Effect::Fixes);
+    sim.fault_on();
+    let d = run(&mut h, &mut sim, 30, Some(Outcome::Shadow));
+    assert!(d.iter().any(|(_, d)| matches!(d, Decision::Apply { .. })));
+    assert!(d
+        .iter()
+        .all(|(_, d)| !matches!(d, Decision::Keep { .. } | Decision::Revert { .. })));
+    assert!(sim.in_force.is_empty());
+    let names = events(&h);
+    assert!(
+        names.contains(&"shadow") && !names.contains(&"applied"),
+        "{names:?}"
+    );
+    assert!(h
+        .view(sim.now)
+        .outcomes
+        .iter()
+        .any(|o| o.outcome == "shadow"));
+}
+
+#[test]
+fn a_skipped_or_failed_action_moves_to_the_next_candidate() {
+    let (mut h, mut sim) = healthy_start(|_| Effect::Fixes);
+    sim.fault_on();
+    // The first decision is skipped (no client), the next ones apply.
+    let mut first = true;
+    let mut applied = Vec::new();
+    for _ in 0..40 {
+        let obs = sim.tick();
+        let step = h.observe(&obs);
+        if let Decision::Apply {
+            action, strategy, ..
+        } = step.decision
+        {
+            if first {
+                first = false;
+                h.outcome(
+                    action,
+                    Outcome::Skipped {
+                        reason: "no python client registered".into(),
+                    },
+                    sim.now,
+                );
+            } else {
+                sim.in_force.push(strategy);
+                h.outcome(action, Outcome::Applied, sim.now);
+            }
+            applied.push(strategy);
+        }
+    }
+    assert!(
+        applied.len() >= 2 && applied[0] != applied[1],
+        "{applied:?}"
+    );
+    assert!(events(&h).contains(&"skipped"));
+}
+
+#[test]
+fn an_actuator_that_never_answers_times_out() {
+    let (mut h, mut sim) = healthy_start(|_| Effect::Fixes);
+    sim.fault_on();
+    let mut reverted = None;
+    for _ in 0..40 {
+        let obs = sim.tick();
+        let step = h.observe(&obs);
+        if let Decision::Revert { reason, .. } = step.decision {
+            reverted = Some(reason);
+            break;
+        }
+    }
+    assert_eq!(reverted, Some(RevertReason::Timeout));
+}
+
+#[test]
+fn a_kept_strategy_is_released_after_the_hold() {
+    let mut cfg = config();
+    cfg.hold_s = 30.0;
+    let mut h = Healer::new(1, cfg);
+    let mut sim = Sim::new(|_| Effect::Fixes);
+    run(&mut h, &mut sim, 10, None);
+    sim.fault_on();
+    run(&mut h, &mut sim, 20, None);
+    assert_eq!(h.in_force().len(), 1);
+    // The fault goes away; the kept strategy is released 30 s after the violation closed.
+    sim.fault = 1.0;
+    sim.fault_since = None;
+    let d = run(&mut h, &mut sim, 60, None);
+    assert!(
+        d.iter().any(|(_, d)| matches!(
+            d,
+            Decision::Revert {
+                reason: RevertReason::Released,
+                ..
+            }
+        )),
+        "{d:?}"
+    );
+    assert!(h.in_force().is_empty() && sim.in_force.is_empty());
+}
+
+#[test]
+fn a_cause_without_rule_is_audited_once() {
+    let (mut h, mut sim) = healthy_start(|_| Effect::Fixes);
+    sim.host = HostCause::None;
+    // launch_latency without host cause → graph-replay, deadline-aware; make the rule table
+    // empty instead.
+    h.config.policy.clear();
+    sim.fault_on();
+    assert!(run(&mut h, &mut sim, 30, None).is_empty());
+    let names = events(&h);
+    assert_eq!(
+        names.iter().filter(|n| **n == "no_rule").count(),
+        1,
+        "{names:?}"
+    );
+}
+
+/// Repeated faults: the tuner learns which strategy fixes them and then picks it first.
+#[test]
+fn thompson_learns_the_fix_across_episodes() {
+    let mut cfg = config();
+    cfg.strategy_cooldown_s = 10.0;
+    cfg.hold_s = 5.0;
+    cfg.max_actions_per_hour = 1000;
+    let mut h = Healer::new(1, cfg);
+    let mut sim = Sim::new(|s| {
+        if s == Strategy::DeadlineAware {
+            Effect::Fixes
+        } else {
+            Effect::Useless
+        }
+    });
+    run(&mut h, &mut sim, 10, None);
+    let mut first_tries = Vec::new();
+    for _ in 0..12 {
+        sim.fault_on();
+        let d = run(&mut h, &mut sim, 60, None);
+        if let Some(s) = d.iter().find_map(|(_, d)| match d {
+            Decision::Apply { strategy, .. } => Some(*strategy),
+            _ => None,
+        }) {
+            first_tries.push(s);
+        }
+        sim.fault = 1.0;
+        sim.fault_since = None;
+        run(&mut h, &mut sim, 30, None);
+    }
+    let late = &first_tries[first_tries.len() - 5..];
+    assert!(
+        late.iter().all(|s| *s == Strategy::DeadlineAware),
+        "{first_tries:?}"
+    );
+}
+
+#[test]
+fn config_ranges() {
+    assert!(HealerConfig::default().validate().is_ok());
+    let c = HealerConfig {
+        early_blocks: 3,
+        ..HealerConfig::default()
+    };
+    assert!(c
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("early_blocks"));
+    let c = HealerConfig {
+        alpha: 0.0,
+        ..HealerConfig::default()
+    };
+    assert!(c.validate().unwrap_err().to_string().contains("alpha"));
+    let mut c = HealerConfig::default();
+    c.policy[0].candidates.clear();
+    assert!(c.validate().unwrap_err().to_string().contains("rule 0"));
+}
+
+/// After a rollback the next candidate is tried with the before window already measured in the
+/// same fault: no second wait for 40 slow iterations.
+#[test]
+fn the_before_window_is_reused_after_a_rollback() {
+    let (mut h, mut sim) = healthy_start(|s| {
+        if s == Strategy::NeighborIsolation {
+            Effect::Fixes
+        } else {
+            Effect::Useless
+        }
+    });
+    sim.fault_on();
+    let d = run(&mut h, &mut sim, 60, None);
+    let mut last_revert = None;
+    for (t, d) in &d {
+        match d {
+            Decision::Revert { .. } => last_revert = Some(*t),
+            Decision::Apply { .. } => {
+                if let Some(r) = last_revert.take() {
+                    // Cooldown (2 s) and the rolled-back tick: nothing else.
+                    assert!(
+                        t - r <= 4 * S,
+                        "next apply {} s after the revert",
+                        (t - r) / S
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(sim.in_force, vec![Strategy::NeighborIsolation], "{d:?}");
+}
+
+/// A strategy kept at its mild level that does not end the violation is escalated to its strong
+/// level, and nothing else is tried twice.
+#[test]
+fn a_mild_strategy_in_force_can_be_escalated() {
+    let mut h = Healer::new(1, config());
+    let mut sim = Sim::new(|_| Effect::Useless);
+    run(&mut h, &mut sim, 10, None);
+    sim.fault_on();
+    h.in_force.push(InForce {
+        action: 99,
+        arm: Arm {
+            strategy: Strategy::NumaPinning,
+            level: Level::Mild,
+        },
+        since_ns: sim.now,
+    });
+    let d = run(&mut h, &mut sim, 200, None);
+    let pinning: Vec<Level> = d
+        .iter()
+        .filter_map(|(_, d)| match d {
+            Decision::Apply {
+                strategy: Strategy::NumaPinning,
+                level,
+                ..
+            } => Some(*level),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        !pinning.is_empty() && pinning.iter().all(|l| *l == Level::Strong),
+        "{pinning:?}"
+    );
+}
+
+/// The first breaching window began a second before the fault (it straddled the onset): the
+/// before window still holds faulty iterations only.
+#[test]
+fn the_before_window_is_taken_after_the_violation_opened() {
+    let (mut h, mut sim) = healthy_start(|_| Effect::Fixes);
+    sim.early_since = S;
+    sim.fault_on();
+    run(&mut h, &mut sim, 20, None);
+    let before = h
+        .view(sim.now)
+        .timeline
+        .iter()
+        .find_map(|e| match &e.event {
+            Event::Chose { before, .. } => Some(*before),
+            _ => None,
+        });
+    let before = before.expect("a choice");
+    // Faulty iterations are 60 ms (20 ms healthy): 1000 / 60 per second.
+    assert!(before.iterations_per_s < 20.0, "{before:?}");
+}
+
+/// An open violation while the iterations are at the baseline (a lagging or noisy window
+/// statistic): nothing is done, once said.
+#[test]
+fn a_violation_without_a_slowdown_is_not_acted_on() {
+    let (mut h, mut sim) = healthy_start(|_| Effect::Fixes);
+    sim.fault_on();
+    sim.fault = 1.02; // 2% slower: within min_effect
+                      // The sim opens violations only when 15% slower: force one.
+    let mut decisions = 0;
+    for _ in 0..30 {
+        let mut obs = sim.tick();
+        obs.violation = Some(OpenViolation {
+            node: "iteration".into(),
+            dimension: "launch_latency".into(),
+            host: HostCause::RunqueueMain,
+            detail: String::new(),
+            since_ns: sim.fault_since.unwrap_or(0),
+            opened_ns: sim.fault_since.unwrap_or(0),
+        });
+        if h.observe(&obs).decision != Decision::Nothing {
+            decisions += 1;
+        }
+    }
+    assert_eq!(decisions, 0);
+    let names = events(&h);
+    assert_eq!(
+        names.iter().filter(|n| **n == "at_baseline").count(),
+        1,
+        "{names:?}"
+    );
+}
