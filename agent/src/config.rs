@@ -72,6 +72,8 @@ pub struct Config {
     pub target: TargetConfig,
     /// `[prometheus]`.
     pub prometheus: PrometheusConfig,
+    /// `[api]`: the state API on the Prometheus listener.
+    pub api: ApiConfig,
     /// `[probes]`.
     pub probes: ProbesConfig,
     /// `[shim]`.
@@ -283,6 +285,27 @@ impl Default for PrometheusConfig {
                 .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 9617))),
             per_thread: true,
             max_connections: DEFAULT_EXPORTED_CONNS,
+        }
+    }
+}
+
+/// Default of `api.allow_writes`: the write endpoints are off.
+pub const DEFAULT_API_ALLOW_WRITES: bool = false;
+
+/// `[api]`: the state API (`/api/v1/snapshot`, `/api/v1/watch`), served on the Prometheus
+/// listener.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiConfig {
+    /// Allow the write endpoints (`POST /api/v1/diagnostic`, `POST /api/v1/heal/undo`); they
+    /// answer 403 otherwise. Default [`DEFAULT_API_ALLOW_WRITES`].
+    pub allow_writes: bool,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            allow_writes: DEFAULT_API_ALLOW_WRITES,
         }
     }
 }

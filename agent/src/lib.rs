@@ -1,7 +1,8 @@
 //! The slo-probe agent: sources (eBPF), the collection loop around `slo-probe-core`, exporters
-//! (Prometheus) and the pieces of the `slo-probe` command line. The binary in `main.rs` only
+//! (Prometheus), the state API and the pieces of the `slo-probe` command line. The binary in `main.rs` only
 //! parses arguments and wires these together, so integration tests use the same code.
 
+pub mod api;
 pub mod cli;
 pub mod collector;
 pub mod config;

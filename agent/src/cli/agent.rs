@@ -11,6 +11,7 @@ use slo_probe_core::snapshot::Snapshot;
 use tokio::sync::watch;
 
 use crate::{
+    api::{self, Api},
     collector::{self, Collector},
     config::Config,
     exporters::{self, prometheus::PrometheusServer},
@@ -22,6 +23,7 @@ pub fn run(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
     let otlp = exporters::otlp::Settings::resolve(&config.otlp)
         .map_err(|e| anyhow::anyhow!("OTLP: {e}"))?;
     let collector = Collector::new(&config, no_ebpf, false)?;
+    let shim_socket = collector.shim().map(|s| s.path().display().to_string());
     if collector.ebpf_up() {
         if config.target.is_set() {
             log::info!(
@@ -47,9 +49,15 @@ pub fn run(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
         let server = if config.prometheus.enabled {
             let server =
                 PrometheusServer::bind(config.prometheus.listen, config.prometheus.per_thread)
-                    .await?;
+                    .await?
+                    .with_api(Api::new(api::convert::Context {
+                        host: crate::sources::procfs::hostname(),
+                        shim_socket: shim_socket.clone(),
+                        writes_allowed: config.api.allow_writes,
+                    }));
             log::info!(
-                "serving Prometheus metrics at http://{}/metrics",
+                "serving Prometheus metrics at http://{0}/metrics and the state API at \
+                 http://{0}/api/v1/snapshot",
                 server.local_addr()?
             );
             Some(tokio::spawn(server.serve(rx.clone(), shutdown_rx.clone())))

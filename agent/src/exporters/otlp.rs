@@ -586,7 +586,7 @@ impl Settings {
 /// (downward API: `K8S_POD_NAME`, `K8S_NAMESPACE`, `K8S_NODE_NAME`). `OTEL_RESOURCE_ATTRIBUTES`
 /// and `OTEL_SERVICE_NAME` are read by the SDK and win over the service name given here.
 fn node_attributes() -> Vec<KeyValue> {
-    let host = hostname();
+    let host = crate::sources::procfs::hostname();
     let mut a = vec![
         KeyValue::new("service.version", env!("CARGO_PKG_VERSION")),
         KeyValue::new("service.instance.id", host.clone()),
@@ -609,12 +609,6 @@ fn node_attributes() -> Vec<KeyValue> {
         }
     }
     a
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_default()
 }
 
 fn resource(attrs: Vec<KeyValue>) -> Resource {

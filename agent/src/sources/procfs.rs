@@ -1,6 +1,6 @@
 //! Reads of `/proc`: the process tree (parents, names), used to seed the job's process set, to
 //! find processes that fork following missed, and for names of processes the probes have not
-//! seen yet; and each process's cgroups.
+//! seen yet; each process's cgroups; the node's host name.
 
 use std::collections::BTreeSet;
 
@@ -34,6 +34,13 @@ pub fn parse_stat(pid: u32, text: &str) -> Option<ProcInfo> {
         .parse()
         .ok()?;
     Some(ProcInfo { pid, ppid, name })
+}
+
+/// The node's host name (empty when unreadable).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
 }
 
 /// Every process now.

@@ -12,7 +12,7 @@ pub mod slo;
 
 use std::{convert::Infallible, fmt::Write as _, net::SocketAddr, sync::Arc};
 
-use http_body_util::Full;
+use http_body_util::{BodyExt as _, Full};
 use hyper::{body::Bytes, server::conn::http1, service::service_fn, Method, Request, Response};
 use hyper_util::rt::TokioIo;
 use slo_probe_common::Counter;
@@ -757,6 +757,7 @@ fn render_stragglers(out: &mut String, shims: &[ShimProcess]) {
 pub struct PrometheusServer {
     listener: TcpListener,
     per_thread: bool,
+    api: Arc<crate::api::Api>,
 }
 
 impl PrometheusServer {
@@ -768,7 +769,15 @@ impl PrometheusServer {
         Ok(Self {
             listener,
             per_thread,
+            api: Arc::default(),
         })
+    }
+
+    /// Serves the state API (`/api/v1`, [`crate::api`]) with these settings beside the metrics
+    /// (by default: read-only, without the agent's host name or shim socket).
+    pub fn with_api(mut self, api: crate::api::Api) -> Self {
+        self.api = Arc::new(api);
+        self
     }
 
     /// The address actually bound.
@@ -776,7 +785,7 @@ impl PrometheusServer {
         self.listener.local_addr()
     }
 
-    /// Serves `/metrics` from the latest snapshot until `shutdown` turns true.
+    /// Serves `/metrics` and `/api/v1` from the latest snapshot until `shutdown` turns true.
     pub async fn serve(
         self,
         snapshots: watch::Receiver<Arc<Snapshot>>,
@@ -788,10 +797,20 @@ impl PrometheusServer {
                     let Ok((stream, _)) = accepted else { continue };
                     let snapshots = snapshots.clone();
                     let per_thread = self.per_thread;
+                    let api = self.api.clone();
                     tokio::spawn(async move {
-                        let service = service_fn(move |req| {
-                            let snapshot = snapshots.borrow().clone();
-                            async move { Ok::<_, Infallible>(respond(&req, &snapshot, per_thread)) }
+                        let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+                            let snapshots = snapshots.clone();
+                            let api = api.clone();
+                            async move {
+                                if req.uri().path().starts_with("/api/") {
+                                    return Ok::<_, Infallible>(
+                                        crate::api::handle(req, api, snapshots).await,
+                                    );
+                                }
+                                let snapshot = snapshots.borrow().clone();
+                                Ok(respond(&req, &snapshot, per_thread).map(|b| b.boxed()))
+                            }
                         });
                         // A client that hangs up mid-response is not the agent's problem.
                         let _ = http1::Builder::new()
@@ -812,7 +831,9 @@ fn respond<B>(req: &Request<B>, snapshot: &Snapshot, per_thread: bool) -> Respon
         (&Method::GET, "/") => (
             200,
             "text/plain",
-            "slo-probe agent\n  /metrics  Prometheus text exposition\n  /healthz  liveness\n"
+            "slo-probe agent\n  /metrics           Prometheus text exposition\n  /healthz           \
+             liveness\n  /api/v1/snapshot   the state as JSON\n  /api/v1/watch      the state, then \
+             its changes each tick (NDJSON)\n"
                 .to_owned(),
         ),
         _ => (404, "text/plain", "not found; try /metrics\n".to_owned()),
