@@ -7,7 +7,14 @@ use slo_probe::{cli, error_chain};
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(&cli.log_level))
+    let level = cli.log_level.clone().unwrap_or_else(|| {
+        match cli.command {
+            cli::Cmd::Run { .. } => "warn",
+            _ => "info",
+        }
+        .to_owned()
+    });
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
         .format_target(false)
         .init();
     match cli::run(cli.command) {

@@ -9,8 +9,10 @@
 //!   ([`types::UndoRequest`]): only with `[api] allow_writes = true`, else 403; carried out by
 //!   the [`Control`] the agent wires in, else 501.
 //!
-//! The types are in [`types`], the conversion from the core snapshot in [`convert`].
+//! The types are in [`types`], the conversion from the core snapshot in [`convert`], a client
+//! in [`client`].
 
+pub mod client;
 pub mod convert;
 pub mod types;
 

@@ -223,6 +223,19 @@ pub enum State {
     Unknown,
 }
 
+impl State {
+    /// The wire name (`ok`, `breaching`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Breaching => "breaching",
+            Self::Warning => "warning",
+            Self::Critical => "critical",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
 /// Whether a value is good below or above its threshold.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -287,6 +300,17 @@ pub enum Severity {
     #[default]
     #[serde(other)]
     Unknown,
+}
+
+impl Severity {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Warning => "warning",
+            Self::Critical => "critical",
+            Self::Unknown => "unknown",
+        }
+    }
 }
 
 /// An SLO violation and what caused it.

@@ -1,10 +1,11 @@
 //! The `slo-probe` command line: its arguments, and one function per subcommand. `main.rs` only
 //! parses and calls [`run`]; `agent` is in [`agent`], `observe` in [`observe`], `replay` in
-//! [`replay`]; `check` and `config` are short enough to live here.
+//! [`replay`], `run` in [`mod@run`]; `check` and `config` are short enough to live here.
 
 pub mod agent;
 pub mod observe;
 pub mod replay;
+pub mod run;
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
@@ -26,9 +27,10 @@ use crate::{
 #[derive(Parser)]
 #[command(version, about, long_about)]
 pub struct Cli {
-    /// Log level: error, warn, info, debug, trace (RUST_LOG overrides).
-    #[arg(long, global = true, default_value = "info")]
-    pub log_level: String,
+    /// Log level: error, warn, info, debug, trace (RUST_LOG overrides). Default: info; warn
+    /// for `run`, whose command's output shares the terminal.
+    #[arg(long, global = true)]
+    pub log_level: Option<String>,
     #[command(subcommand)]
     pub command: Cmd,
 }
@@ -100,6 +102,40 @@ pub enum Cmd {
         /// SLO window length in ms (default: a fifteenth of the recording, 100 ms to 10 s).
         #[arg(long, value_name = "MS")]
         window_ms: Option<u64>,
+    },
+    /// Run a command (a training script, `torchrun ...`) the way `perf record` does: measured
+    /// by the agent already listening at prometheus.listen, or by one started here that follows
+    /// the command's processes; the CUPTI shim injected; its output untouched; its exit status
+    /// returned (a fatal signal re-raised); a report written when it ends, Ctrl-C included.
+    Run {
+        /// TOML configuration file (the agent started here, the shim library, the SLO tree).
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// The report: this file (`.json` added when missing) and a text summary beside it
+        /// (`.txt`). Default: slo-probe-<host>-<n>.json in the current directory, with the
+        /// first free n.
+        #[arg(short, long, value_name = "REPORT")]
+        output: Option<PathBuf>,
+        /// Replace the report named by -o when it exists (else run refuses to start).
+        #[arg(long)]
+        force_overwrite: bool,
+        /// Let the healer act (`on`) or only record what it would do (`shadow`).
+        #[arg(long, value_enum, value_name = "MODE")]
+        heal: Option<run::HealMode>,
+        /// Seconds the command gets after a stop signal (INT, TERM, HUP, QUIT) before it and
+        /// its descendants get SIGKILL.
+        #[arg(long, value_name = "SECONDS", default_value_t = run::DEFAULT_KILL_AFTER_S)]
+        kill_after: f64,
+        /// Do not load eBPF programs in an agent started here (they need root or CAP_BPF and
+        /// CAP_PERFMON; without them there are no host metrics by thread role).
+        #[arg(long)]
+        no_ebpf: bool,
+        /// Do not inject the CUPTI shim (CUDA_INJECTION64_PATH).
+        #[arg(long)]
+        no_gpu: bool,
+        /// The command and its arguments (after `--`).
+        #[arg(required = true, last = true)]
+        command: Vec<String>,
     },
     /// Check what this machine allows (privileges, kernel BTF, tracefs); exit 1 if the eBPF
     /// probes cannot load.
@@ -242,6 +278,36 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     .with_context(|| format!("cannot write {}", path.display()))?;
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Run {
+            config,
+            output,
+            force_overwrite,
+            heal,
+            kill_after,
+            no_ebpf,
+            no_gpu,
+            command,
+        } => {
+            let config = load_config(config.as_ref())?;
+            anyhow::ensure!(
+                kill_after.is_finite() && kill_after >= 0.0,
+                "--kill-after must be a number of seconds, 0 or more"
+            );
+            let outcome = run::run(run::Options {
+                config,
+                output,
+                force_overwrite,
+                heal,
+                kill_after: Duration::from_secs_f64(kill_after),
+                no_ebpf,
+                no_gpu,
+                command,
+            })?;
+            Ok(match outcome {
+                run::Outcome::Exited(code) => ExitCode::from(code),
+                run::Outcome::Signalled(sig) => ExitCode::from(run::reraise(sig)),
+            })
         }
         Cmd::Check => {
             let p = Preflight::run();

@@ -1,0 +1,1238 @@
+//! `slo-probe run [-o REPORT] [--heal shadow|on] -- CMD ARGS`: runs a training command the way
+//! `perf record` or `nsys profile` do, measures it, and writes a report when it ends.
+//!
+//! The command comes first: its stdout and stderr are the terminal's (inherited, never piped),
+//! its exit status is this command's (a command killed by a signal makes `run` re-raise that
+//! signal), and nothing that goes wrong with measuring or the report changes either.
+//!
+//! - Agent: the one already listening at `prometheus.listen` (its state API answers), else one
+//!   in this process following only the command's process tree (eBPF when allowed, else
+//!   without) with a private shim socket.
+//! - Shim: `CUDA_INJECTION64_PATH` names `libslo_probe_cupti.so` next to this binary (or
+//!   `shim.library`); a path the user set already is kept, with a warning.
+//! - Signals: the command stays in this process group, so a terminal's Ctrl-C (or Ctrl-\)
+//!   reaches it once, from the terminal, and is not forwarded. INT, TERM, HUP, QUIT, USR1 and
+//!   USR2 sent to this process by another one are forwarded. After INT, TERM, HUP or QUIT the
+//!   command gets `--kill-after` seconds, then SIGKILL with its descendants.
+//! - Report: JSON and a text summary, written to a temporary file and renamed; by default
+//!   `slo-probe-<host>-<n>.json` (and `.txt`) in the current directory with the first free `n`.
+//!   Its own lines go to stderr prefixed `slo-probe:`.
+
+use std::{
+    collections::BTreeSet,
+    fmt::Write as _,
+    io::Write as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus},
+    sync::{
+        atomic::{AtomicBool, AtomicU32, Ordering},
+        Arc,
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant, SystemTime},
+};
+
+use libc::c_int;
+use serde::{Deserialize, Serialize};
+use slo_probe_core::snapshot::Snapshot as CoreSnapshot;
+use tokio::sync::watch;
+
+use super::observe::{human_ns, spawn_held, Inject};
+use crate::{
+    api::{
+        client::Endpoint,
+        convert,
+        types::{self, Snapshot},
+    },
+    collector::{self, Collector},
+    config::Config,
+    sources::procfs,
+};
+
+/// Version of the report's JSON.
+pub const REPORT_VERSION: u32 = 1;
+/// Default of `--kill-after`: what torchrun gives its workers.
+pub const DEFAULT_KILL_AFTER_S: f64 = 30.0;
+/// How long `run` waits for an agent's API to answer when looking for one.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+/// How often the command's process tree is read (to know its processes in a node-wide agent).
+const SCAN_EVERY: Duration = Duration::from_secs(1);
+/// How often `run` looks at the command and at the signals it received.
+const POLL: Duration = Duration::from_millis(50);
+
+/// What the healer may do during the run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum HealMode {
+    /// Decide and record, change nothing.
+    Shadow,
+    /// Act, verify and roll back.
+    On,
+}
+
+/// Errors that stop `run` before the command starts (once it runs, nothing stops it).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// `-o` names a file that exists.
+    #[error("{path} exists; choose another report name with -o or pass --force-overwrite")]
+    ReportExists {
+        /// The file.
+        path: String,
+    },
+    /// The signal handlers could not be installed.
+    #[error("cannot install the signal handlers that forward signals to the command")]
+    Signals(#[source] std::io::Error),
+}
+
+/// Errors writing the report (reported on stderr; they never change the exit status).
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// The report could not be encoded.
+    #[error("cannot encode the report")]
+    Encode(#[source] serde_json::Error),
+    /// A file could not be written.
+    #[error("cannot write {path}")]
+    Write {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// `run`'s settings.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The configuration (agent settings, shim library, SLO tree).
+    pub config: Config,
+    /// `-o`: the report's file.
+    pub output: Option<PathBuf>,
+    /// Replace an existing report.
+    pub force_overwrite: bool,
+    /// `--heal`.
+    pub heal: Option<HealMode>,
+    /// Time between a stop signal and SIGKILL.
+    pub kill_after: Duration,
+    /// Do not load eBPF programs in an in-process agent.
+    pub no_ebpf: bool,
+    /// Do not inject the shim.
+    pub no_gpu: bool,
+    /// The command.
+    pub command: Vec<String>,
+}
+
+/// How the command ended, which `run` hands on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Exit code.
+    Exited(u8),
+    /// Killed by this signal: re-raise it.
+    Signalled(c_int),
+}
+
+/// The command's exit, in the report.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Exit {
+    /// Exit code, when it exited.
+    pub code: Option<i32>,
+    /// The signal that killed it.
+    pub signal: Option<i32>,
+    /// Its name (`SIGKILL`).
+    pub signal_name: Option<String>,
+    /// It dumped core.
+    pub core_dumped: bool,
+}
+
+/// The report `run` writes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunReport {
+    /// [`REPORT_VERSION`].
+    pub version: u32,
+    /// The command line.
+    pub command: Vec<String>,
+    /// Host name.
+    pub node: String,
+    /// When the command started, Unix time s.
+    pub started_unix_s: f64,
+    /// Its wall time, s.
+    pub wall_s: f64,
+    /// How it ended.
+    pub exit: Exit,
+    /// The first stop signal it got while running (`SIGINT`), if any.
+    pub interrupted: Option<String>,
+    /// It was killed after `--kill-after`.
+    pub killed_after_timeout: bool,
+    /// Which agent measured: `in-process`, `in-process without eBPF`, or the agent's URL.
+    pub agent: String,
+    /// Why measuring was partial or off, when it was.
+    pub notes: Vec<String>,
+    /// `--heal`.
+    pub heal: Option<HealMode>,
+    /// The shim library injected (`CUDA_INJECTION64_PATH`), if `run` set it.
+    pub injected: Option<String>,
+    /// The command's processes seen.
+    pub pids: Vec<u32>,
+    /// The state at the end, for the command's processes (the state API's types).
+    pub state: Snapshot,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signals.
+
+/// Signals `run` catches, forwards (when another process sent them) and reports.
+const CAUGHT: [c_int; 6] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+];
+/// Per caught signal: how many came from another process (`kill`), how many from the kernel
+/// (a terminal's Ctrl-C, Ctrl-\, hang-up).
+static FROM_PROCESS: [AtomicU32; CAUGHT.len()] = [const { AtomicU32::new(0) }; CAUGHT.len()];
+static FROM_KERNEL: [AtomicU32; CAUGHT.len()] = [const { AtomicU32::new(0) }; CAUGHT.len()];
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+fn install_signal_handlers() -> std::io::Result<()> {
+    if INSTALLED.swap(true, Ordering::SeqCst) {
+        return Ok(());
+    }
+    for (k, &sig) in CAUGHT.iter().enumerate() {
+        // SAFETY: the action only does atomic adds, which are async-signal-safe.
+        unsafe {
+            signal_hook_registry::register_sigaction(sig, move |info: &libc::siginfo_t| {
+                // si_code > 0: sent by the kernel (the terminal's line discipline sends
+                // SI_KERNEL); <= 0: by a process (SI_USER, SI_QUEUE, SI_TKILL).
+                let slot = if info.si_code > 0 {
+                    &FROM_KERNEL[k]
+                } else {
+                    &FROM_PROCESS[k]
+                };
+                slot.fetch_add(1, Ordering::SeqCst);
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Signals received since the last call: (signal, sent by the kernel).
+fn take_signals() -> Vec<(c_int, bool)> {
+    let mut out = Vec::new();
+    for (k, &sig) in CAUGHT.iter().enumerate() {
+        for _ in 0..FROM_KERNEL[k].swap(0, Ordering::SeqCst) {
+            out.push((sig, true));
+        }
+        for _ in 0..FROM_PROCESS[k].swap(0, Ordering::SeqCst) {
+            out.push((sig, false));
+        }
+    }
+    out
+}
+
+/// `SIGINT` for 2, ...
+pub fn signal_name(sig: c_int) -> String {
+    let name = match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        _ => return format!("signal {sig}"),
+    };
+    name.to_owned()
+}
+
+fn is_stop_signal(sig: c_int) -> bool {
+    matches!(
+        sig,
+        libc::SIGINT | libc::SIGTERM | libc::SIGHUP | libc::SIGQUIT
+    )
+}
+
+/// Ends this process with `sig` the way the command ended (so that a shell sees the same), as
+/// `perf record` does: default action restored, no core file of our own. Returns only if the
+/// signal did not end the process.
+pub fn reraise(sig: c_int) -> u8 {
+    // SAFETY: plain libc calls on our own process with valid arguments.
+    unsafe {
+        let no_core = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+        libc::signal(sig, libc::SIG_DFL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::raise(sig);
+    }
+    // A signal whose default is not to terminate: the shell convention.
+    128u8.wrapping_add(sig as u8)
+}
+
+fn kill(pid: u32, sig: c_int) {
+    // SAFETY: signalling a pid; a stale one fails harmlessly with ESRCH.
+    unsafe { libc::kill(pid as libc::pid_t, sig) };
+}
+
+// ---------------------------------------------------------------------------------------------
+// The agent.
+
+/// A collector in this process, following the command's tree only.
+struct InProcess {
+    collector: Option<Collector>,
+    handle: Option<JoinHandle<Collector>>,
+    stop: Arc<AtomicBool>,
+    tick: Duration,
+    ctx: convert::Context,
+    /// The private socket's folder, removed at the end.
+    dir: PathBuf,
+}
+
+impl InProcess {
+    /// Follows the command from `pid` and starts ticking.
+    fn start(&mut self, pid: u32) {
+        let Some(mut c) = self.collector.take() else {
+            return;
+        };
+        if let Err(e) = c.add_root(pid) {
+            say(&format!(
+                "cannot follow the command's processes in the kernel: {}",
+                crate::error_chain(&e)
+            ));
+        }
+        let (tx, _) = watch::channel(Arc::new(CoreSnapshot::default()));
+        match collector::spawn(c, self.tick, tx, self.stop.clone()) {
+            Ok(h) => self.handle = Some(h),
+            Err(e) => say(&format!(
+                "cannot start the collector thread: {e}; no measurements"
+            )),
+        }
+    }
+
+    /// Stops ticking and returns the final state.
+    fn finish(mut self) -> Option<Snapshot> {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut c = self.handle.take()?.join().ok()?;
+        c.finish_gpu();
+        let s = c.tick();
+        drop(c);
+        let _ = std::fs::remove_dir_all(&self.dir);
+        Some(convert::snapshot(&s, &self.ctx))
+    }
+}
+
+/// The agent that measures the run.
+enum Agent {
+    /// One in this process.
+    InProcess(Box<InProcess>),
+    /// One already running on the node.
+    External(Endpoint),
+    /// None could be had: the command runs unmeasured.
+    Off,
+}
+
+impl Agent {
+    fn describe(&self, ebpf: bool) -> String {
+        match self {
+            Agent::InProcess(_) if ebpf => "in-process".to_owned(),
+            Agent::InProcess(_) => "in-process without eBPF".to_owned(),
+            Agent::External(e) => e.url(),
+            Agent::Off => "none".to_owned(),
+        }
+    }
+}
+
+/// The agent, whether it has eBPF, and the socket the command's shims register on.
+fn start_agent(opts: &Options, notes: &mut Vec<String>) -> (Agent, bool, Option<PathBuf>) {
+    let config = &opts.config;
+    if config.prometheus.enabled {
+        let endpoint = Endpoint::of(config.prometheus.listen);
+        if let Ok(s) = endpoint.snapshot(PROBE_TIMEOUT) {
+            say(&format!("using the agent at {}", endpoint.url()));
+            if s.agent.shim_socket.is_none() {
+                notes.push(format!(
+                    "the agent at {} does not accept CUPTI shims: no GPU data",
+                    endpoint.url()
+                ));
+            }
+            let ebpf = s.agent.probes.iter().any(|p| p.name == "runqueue" && p.up);
+            let socket = s.agent.shim_socket.map(PathBuf::from);
+            return (Agent::External(endpoint), ebpf, socket);
+        }
+    }
+    // A private socket: a node-wide agent may own the configured one.
+    let dir = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|d| d.is_dir())
+        .unwrap_or_else(std::env::temp_dir)
+        .join(format!("slo-probe-run-{}", std::process::id()));
+    let mut config = config.clone();
+    config.shim.socket = dir.join("shim.sock");
+    let collector = match Collector::new(&config, opts.no_ebpf, true) {
+        Ok(c) => Ok(c),
+        Err(e) => {
+            let why = crate::error_chain(&e);
+            say(&format!(
+                "eBPF probes off ({why}); pass --no-ebpf to run without them quietly"
+            ));
+            notes.push(format!("eBPF probes off: {why}"));
+            Collector::new(&config, true, true)
+        }
+    };
+    let collector = match collector {
+        Ok(c) => c,
+        Err(e) => {
+            let why = crate::error_chain(&e);
+            say(&format!(
+                "cannot start an agent ({why}); running the command unmeasured"
+            ));
+            notes.push(format!("no agent: {why}"));
+            return (Agent::Off, false, None);
+        }
+    };
+    let ebpf = collector.ebpf_up();
+    if !ebpf && opts.no_ebpf {
+        notes.push("eBPF probes off (--no-ebpf): no host metrics by thread role".to_owned());
+    }
+    let socket = collector.shim().map(|s| s.path().to_owned());
+    if socket.is_none() {
+        notes.push("the shims' socket is not listening: no GPU data".to_owned());
+    }
+    let ctx = convert::Context {
+        host: procfs::hostname(),
+        shim_socket: socket.as_ref().map(|p| p.display().to_string()),
+        writes_allowed: false,
+    };
+    let agent = InProcess {
+        collector: Some(collector),
+        handle: None,
+        stop: Arc::new(AtomicBool::new(false)),
+        tick: config.tick(),
+        ctx,
+        dir,
+    };
+    (Agent::InProcess(Box::new(agent)), ebpf, socket)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command.
+
+/// Whether `program` can be executed: `Err((exit code, why))` with the shell's codes (127 not
+/// found, 126 not executable).
+fn check_program(program: &str) -> Result<(), (u8, String)> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let executable = |p: &Path| {
+        p.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let candidates: Vec<PathBuf> = if program.contains('/') {
+        vec![PathBuf::from(program)]
+    } else {
+        std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).map(|d| d.join(program)).collect())
+            .unwrap_or_default()
+    };
+    if candidates.iter().any(|p| executable(p)) {
+        return Ok(());
+    }
+    if candidates.iter().any(|p| p.exists()) {
+        Err((126, format!("cannot run `{program}`: permission denied")))
+    } else if program.contains('/') {
+        Err((127, format!("cannot run `{program}`: no such file")))
+    } else {
+        Err((127, format!("cannot run `{program}`: not found in PATH")))
+    }
+}
+
+/// Starts the command: held until the in-process agent follows it when eBPF is up (so that it
+/// is followed from its first instruction), directly otherwise.
+fn spawn(
+    command: &[String],
+    inject: &Inject,
+    agent: &mut Agent,
+    ebpf: bool,
+) -> std::io::Result<Child> {
+    match agent {
+        Agent::InProcess(a) if ebpf => {
+            let (child, mut release) = spawn_held(command, inject)
+                .map_err(|e| std::io::Error::other(crate::error_chain(&e)))?;
+            a.start(child.id());
+            let _ = release.write_all(&[1]);
+            Ok(child)
+        }
+        _ => {
+            let (program, args) = command
+                .split_first()
+                .ok_or_else(|| std::io::Error::other("empty command"))?;
+            let mut cmd = Command::new(program);
+            cmd.args(args);
+            if let Some(lib) = &inject.library {
+                if std::env::var_os("CUDA_INJECTION64_PATH").is_none() {
+                    cmd.env("CUDA_INJECTION64_PATH", lib);
+                }
+            }
+            if let Some(sock) = &inject.socket {
+                cmd.env("SLO_PROBE_SOCKET", sock);
+            }
+            let child = cmd.spawn()?;
+            if let Agent::InProcess(a) = agent {
+                a.start(child.id());
+            }
+            Ok(child)
+        }
+    }
+}
+
+/// The command's process and its descendants, SIGKILLed.
+fn kill_tree(pid: u32) {
+    let mut tree = BTreeSet::from([pid]);
+    procfs::add_descendants(&mut tree);
+    for p in tree.into_iter().rev() {
+        kill(p, libc::SIGKILL);
+    }
+}
+
+/// The command line as a shell would read it back (arguments quoted where needed).
+pub fn shell_join(args: &[String]) -> String {
+    args.iter()
+        .map(|a| {
+            let plain = !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c));
+            if plain {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn say(line: &str) {
+    eprintln!("slo-probe: {line}");
+}
+
+/// What the wait for the command saw.
+struct Waited {
+    status: std::io::Result<ExitStatus>,
+    interrupted: Option<String>,
+    killed: bool,
+    pids: BTreeSet<u32>,
+}
+
+/// Waits for the command, forwarding signals and escalating to SIGKILL.
+fn wait(child: &mut Child, kill_after: Duration) -> Waited {
+    let pid = child.id();
+    let mut pids = BTreeSet::from([pid]);
+    let mut deadline: Option<Instant> = None;
+    let mut interrupted = None;
+    let mut killed = false;
+    let mut scanned = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break Ok(st),
+            Ok(None) => {}
+            Err(e) => break Err(e),
+        }
+        for (sig, from_kernel) in take_signals() {
+            // From the terminal, the command (in our process group) got it too.
+            if !from_kernel {
+                kill(pid, sig);
+            }
+            if is_stop_signal(sig) {
+                interrupted.get_or_insert_with(|| signal_name(sig));
+                if deadline.is_none() {
+                    deadline = Some(Instant::now() + kill_after);
+                    say(&format!(
+                        "{}{}; waiting for the command to exit (SIGKILL in {:.0} s)",
+                        signal_name(sig),
+                        if from_kernel {
+                            " from the terminal"
+                        } else {
+                            ", forwarded to the command"
+                        },
+                        kill_after.as_secs_f64()
+                    ));
+                }
+            }
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) && !killed {
+            say(&format!(
+                "the command did not exit {:.0} s after the stop signal; sending SIGKILL to it \
+                 and its descendants",
+                kill_after.as_secs_f64()
+            ));
+            kill_tree(pid);
+            killed = true;
+        }
+        if scanned.elapsed() >= SCAN_EVERY {
+            scanned = Instant::now();
+            procfs::add_descendants(&mut pids);
+        }
+        std::thread::sleep(POLL);
+    };
+    Waited {
+        status,
+        interrupted,
+        killed,
+        pids,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The run.
+
+/// Runs the command and writes its report; returns how it ended.
+pub fn run(opts: Options) -> Result<Outcome, RunError> {
+    let node = procfs::hostname();
+    let target = ReportTarget::new(opts.output.as_deref(), opts.force_overwrite, &node)?;
+    install_signal_handlers().map_err(RunError::Signals)?;
+    let Some(program) = opts.command.first() else {
+        say("no command given; usage: slo-probe run [OPTIONS] -- COMMAND [ARGS]");
+        return Ok(Outcome::Exited(2));
+    };
+    if let Err((code, why)) = check_program(program) {
+        say(&why);
+        return Ok(Outcome::Exited(code));
+    }
+    let mut notes = Vec::new();
+    if let Some(mode) = opts.heal {
+        // The healer is not part of the agent yet; the flag is kept for when it is.
+        let m = if mode == HealMode::On { "on" } else { "shadow" };
+        say(&format!(
+            "--heal {m}: this agent has no healer yet; running without one"
+        ));
+        notes.push(format!("--heal {m}: no healer in this agent"));
+    }
+    let (mut agent, ebpf, socket) = start_agent(&opts, &mut notes);
+
+    // The shim.
+    let library = if opts.no_gpu || socket.is_none() {
+        None
+    } else {
+        opts.config.shim.library_path()
+    };
+    let user_path = std::env::var_os("CUDA_INJECTION64_PATH");
+    let mut injected = None;
+    match (&library, &user_path) {
+        (Some(lib), Some(user)) if Path::new(user) != lib => {
+            say(&format!(
+                "CUDA_INJECTION64_PATH is already set to {}; keeping it, so the slo-probe shim \
+                 {} is not injected (GPU data only if that one is an slo-probe shim)",
+                Path::new(user).display(),
+                lib.display()
+            ));
+            notes.push(format!(
+                "CUDA_INJECTION64_PATH was set to {}: kept",
+                Path::new(user).display()
+            ));
+        }
+        (Some(lib), _) => injected = Some(lib.display().to_string()),
+        (None, _) if !opts.no_gpu && socket.is_some() => {
+            say(
+                "no CUPTI shim to inject (libslo_probe_cupti.so next to slo-probe, or \
+                 shim.library): no GPU data",
+            );
+            notes.push("no CUPTI shim to inject: no GPU data".to_owned());
+        }
+        (None, _) => {}
+    }
+    let inject = Inject {
+        library: library.clone(),
+        socket: socket.clone(),
+    };
+
+    let started = SystemTime::now();
+    let start = Instant::now();
+    let mut child = match spawn(&opts.command, &inject, &mut agent, ebpf) {
+        Ok(c) => c,
+        Err(e) => {
+            say(&format!("cannot run `{program}`: {e}"));
+            let _ = std::fs::remove_dir_all(
+                std::env::temp_dir().join(format!("slo-probe-run-{}", std::process::id())),
+            );
+            return Ok(Outcome::Exited(
+                if e.kind() == std::io::ErrorKind::PermissionDenied {
+                    126
+                } else {
+                    127
+                },
+            ));
+        }
+    };
+    let waited = wait(&mut child, opts.kill_after);
+    let wall = start.elapsed();
+    let outcome = match &waited.status {
+        Ok(st) => outcome_of(st),
+        Err(e) => {
+            say(&format!("cannot wait for the command: {e}"));
+            Outcome::Exited(1)
+        }
+    };
+
+    // Everything below only reports: it never changes `outcome`.
+    let description = agent.describe(ebpf);
+    let mut pids = waited.pids;
+    let state = match agent {
+        Agent::InProcess(a) => a.finish(),
+        Agent::External(endpoint) => match endpoint.snapshot(Duration::from_secs(5)) {
+            Ok(mut s) => {
+                s.retain_pids(&pids);
+                Some(s)
+            }
+            Err(e) => {
+                say(&format!(
+                    "cannot read the results: {}",
+                    crate::error_chain(&e)
+                ));
+                notes.push(format!("no results from the agent: {e}"));
+                None
+            }
+        },
+        Agent::Off => None,
+    };
+    let state = state.unwrap_or_else(|| Snapshot {
+        version: types::VERSION,
+        node: node.clone(),
+        ..Default::default()
+    });
+    pids.extend(state.processes.iter().map(|p| p.pid));
+    let report = RunReport {
+        version: REPORT_VERSION,
+        command: opts.command.clone(),
+        node,
+        started_unix_s: started
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64()),
+        wall_s: wall.as_secs_f64(),
+        exit: waited.status.as_ref().map(exit_of).unwrap_or_default(),
+        interrupted: waited.interrupted,
+        killed_after_timeout: waited.killed,
+        agent: description,
+        notes,
+        heal: opts.heal,
+        injected,
+        pids: pids.into_iter().collect(),
+        state,
+    };
+    for line in summary(&report) {
+        say(&line);
+    }
+    match target.write(&report) {
+        Ok((json, text)) => say(&format!("wrote {} and {}", json.display(), text.display())),
+        Err(e) => say(&format!(
+            "the report was not written: {}",
+            crate::error_chain(&e)
+        )),
+    }
+    Ok(outcome)
+}
+
+fn outcome_of(st: &ExitStatus) -> Outcome {
+    use std::os::unix::process::ExitStatusExt as _;
+    match (st.code(), st.signal()) {
+        (Some(c), _) => Outcome::Exited(c as u8),
+        (None, Some(sig)) => Outcome::Signalled(sig),
+        (None, None) => Outcome::Exited(1),
+    }
+}
+
+fn exit_of(st: &ExitStatus) -> Exit {
+    use std::os::unix::process::ExitStatusExt as _;
+    Exit {
+        code: st.code(),
+        signal: st.signal(),
+        signal_name: st.signal().map(signal_name),
+        core_dumped: st.core_dumped(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The report.
+
+/// Where the report goes.
+enum ReportTarget {
+    /// `-o FILE`.
+    Named { json: PathBuf, force: bool },
+    /// `slo-probe-<host>-<n>.json` in the current directory.
+    Numbered { node: String },
+}
+
+impl ReportTarget {
+    fn new(output: Option<&Path>, force: bool, node: &str) -> Result<Self, RunError> {
+        let Some(out) = output else {
+            return Ok(Self::Numbered {
+                node: if node.is_empty() { "host" } else { node }.to_owned(),
+            });
+        };
+        let json = if out.extension().is_some_and(|e| e == "json") {
+            out.to_owned()
+        } else {
+            let mut s = out.as_os_str().to_owned();
+            s.push(".json");
+            PathBuf::from(s)
+        };
+        if !force {
+            for p in [&json, &json.with_extension("txt")] {
+                if p.exists() {
+                    return Err(RunError::ReportExists {
+                        path: p.display().to_string(),
+                    });
+                }
+            }
+        }
+        Ok(Self::Named { json, force })
+    }
+
+    /// Writes the JSON and the text through temporary files; returns their paths.
+    fn write(&self, report: &RunReport) -> Result<(PathBuf, PathBuf), ReportError> {
+        let json = serde_json::to_vec_pretty(report).map_err(ReportError::Encode)?;
+        let text = text(report);
+        match self {
+            Self::Named { json: path, force } => {
+                let tmp = temp_beside(path);
+                write_file(&tmp, &json)?;
+                let placed = if *force {
+                    std::fs::rename(&tmp, path).map(|_| path.clone())
+                } else {
+                    place_new(&tmp, path).map(|_| path.clone())
+                };
+                let path = match placed {
+                    Ok(p) => p,
+                    // Appeared meanwhile: the numbered name beside it, never an overwrite.
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        let dir = path.parent().unwrap_or(Path::new("."));
+                        let stem = path
+                            .file_stem()
+                            .map(|s| s.to_string_lossy().into_owned())
+                            .unwrap_or_default();
+                        let p = place_numbered(&tmp, dir, &stem)?;
+                        say(&format!(
+                            "{} appeared while the command ran; the report is {} instead",
+                            path.display(),
+                            p.display()
+                        ));
+                        p
+                    }
+                    Err(source) => {
+                        let _ = std::fs::remove_file(&tmp);
+                        return Err(ReportError::Write {
+                            path: path.display().to_string(),
+                            source,
+                        });
+                    }
+                };
+                let txt = path.with_extension("txt");
+                write_atomically(&txt, text.as_bytes())?;
+                Ok((path, txt))
+            }
+            Self::Numbered { node } => {
+                let dir = Path::new(".");
+                let tmp = temp_beside(&dir.join("slo-probe-report.json"));
+                write_file(&tmp, &json)?;
+                let path = place_numbered(&tmp, dir, &format!("slo-probe-{node}"))?;
+                let txt = path.with_extension("txt");
+                write_atomically(&txt, text.as_bytes())?;
+                Ok((strip_dot(path), strip_dot(txt)))
+            }
+        }
+    }
+}
+
+fn strip_dot(p: PathBuf) -> PathBuf {
+    p.strip_prefix(".").map(Path::to_path_buf).unwrap_or(p)
+}
+
+fn temp_beside(path: &Path) -> PathBuf {
+    let mut name = std::ffi::OsString::from(".");
+    name.push(path.file_name().unwrap_or_default());
+    name.push(format!(".tmp-{}", std::process::id()));
+    path.with_file_name(name)
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
+    std::fs::write(path, bytes).map_err(|source| ReportError::Write {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
+    let tmp = temp_beside(path);
+    write_file(&tmp, bytes)?;
+    std::fs::rename(&tmp, path).map_err(|source| {
+        let _ = std::fs::remove_file(&tmp);
+        ReportError::Write {
+            path: path.display().to_string(),
+            source,
+        }
+    })
+}
+
+/// Moves `tmp` to `path` unless `path` exists (a hard link fails then; where the file system
+/// has none, an existence check and a rename).
+fn place_new(tmp: &Path, path: &Path) -> std::io::Result<()> {
+    match std::fs::hard_link(tmp, path) {
+        Ok(()) => {
+            let _ = std::fs::remove_file(tmp);
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(e),
+        Err(_) if path.exists() => Err(std::io::ErrorKind::AlreadyExists.into()),
+        Err(_) => std::fs::rename(tmp, path),
+    }
+}
+
+/// Moves `tmp` to `<dir>/<stem>-<n>.json` with the first `n` whose `.json` and `.txt` are
+/// both free.
+fn place_numbered(tmp: &Path, dir: &Path, stem: &str) -> Result<PathBuf, ReportError> {
+    for n in 1u32.. {
+        let path = dir.join(format!("{stem}-{n}.json"));
+        if path.with_extension("txt").exists() {
+            continue;
+        }
+        match place_new(tmp, &path) {
+            Ok(()) => return Ok(path),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(source) => {
+                let _ = std::fs::remove_file(tmp);
+                return Err(ReportError::Write {
+                    path: path.display().to_string(),
+                    source,
+                });
+            }
+        }
+    }
+    Err(ReportError::Write {
+        path: dir.join(format!("{stem}-N.json")).display().to_string(),
+        source: std::io::ErrorKind::AlreadyExists.into(),
+    })
+}
+
+/// How the command ended, in words.
+fn ended(e: &Exit) -> String {
+    match (e.code, &e.signal_name) {
+        (Some(c), _) => format!("exited with {c}"),
+        (None, Some(s)) => format!(
+            "was killed by {s}{}",
+            if e.core_dumped { " (core dumped)" } else { "" }
+        ),
+        (None, None) => "ended".to_owned(),
+    }
+}
+
+fn ms(ns: Option<u64>) -> String {
+    ns.map_or("-".to_owned(), |v| human_ns(v as f64))
+}
+
+fn score(x: Option<f64>) -> String {
+    x.map_or("-".to_owned(), |x| format!("{x:.2}"))
+}
+
+/// The lines `run` prints to stderr at the end.
+pub fn summary(r: &RunReport) -> Vec<String> {
+    let mut out = vec![format!(
+        "`{}` {} after {:.1} s{}",
+        shell_join(&r.command),
+        ended(&r.exit),
+        r.wall_s,
+        r.interrupted
+            .as_ref()
+            .map_or(String::new(), |s| format!(" ({s} received)"))
+    )];
+    let procs = &r.state.processes;
+    if procs.is_empty() {
+        out.push(format!(
+            "no training process registered a CUPTI shim (agent: {})",
+            r.agent
+        ));
+    } else {
+        let its: u64 = procs.iter().map(|p| p.iterations.total).sum();
+        let open = r.state.open_violations();
+        let mut line = format!(
+            "{} training process{}, {its} iterations",
+            procs.len(),
+            if procs.len() == 1 { "" } else { "es" }
+        );
+        if let [p] = procs.as_slice() {
+            let _ = write!(
+                line,
+                ": p50 {}, p99 {}",
+                ms(p.iterations.wall_p50_ns),
+                ms(p.iterations.wall_p99_ns)
+            );
+        }
+        let _ = write!(
+            line,
+            "; {} open violation{}",
+            open.len(),
+            if open.len() == 1 { "" } else { "s" }
+        );
+        if let Some(v) = open.first() {
+            let _ = write!(line, ": {}", v.chain);
+        }
+        out.push(line);
+    }
+    out
+}
+
+/// The text report.
+pub fn text(r: &RunReport) -> String {
+    let mut out = String::new();
+    let s = &r.state;
+    let _ = writeln!(out, "slo-probe run report (version {})", r.version);
+    let _ = writeln!(out, "command:    {}", shell_join(&r.command));
+    let _ = writeln!(out, "node:       {}", r.node);
+    let _ = writeln!(out, "wall time:  {:.1} s", r.wall_s);
+    let _ = writeln!(
+        out,
+        "exit:       {}{}{}",
+        ended(&r.exit),
+        r.interrupted
+            .as_ref()
+            .map_or(String::new(), |s| format!("; {s} received while running")),
+        if r.killed_after_timeout {
+            "; SIGKILLed after the stop timeout"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(out, "agent:      {}", r.agent);
+    if let Some(h) = r.heal {
+        let _ = writeln!(
+            out,
+            "healer:     {}",
+            if h == HealMode::On { "on" } else { "shadow" }
+        );
+    }
+    if let Some(lib) = &r.injected {
+        let _ = writeln!(out, "shim:       {lib}");
+    }
+    for n in &r.notes {
+        let _ = writeln!(out, "note:       {n}");
+    }
+
+    let _ = writeln!(out, "\niterations:");
+    if s.processes.is_empty() {
+        let _ = writeln!(out, "  no training process registered a CUPTI shim");
+    }
+    for p in &s.processes {
+        let who = match (p.rank, &p.job_id) {
+            (Some(r), Some(j)) => format!("rank {r} of {j}, pid {}", p.pid),
+            (Some(r), None) => format!("rank {r}, pid {}", p.pid),
+            _ => format!("pid {}", p.pid),
+        };
+        let _ = writeln!(
+            out,
+            "  {who}: {} iterations, wall p50 {}, p99 {}; GPU busy {}; SLO score {}",
+            p.iterations.total,
+            ms(p.iterations.wall_p50_ns),
+            ms(p.iterations.wall_p99_ns),
+            p.iterations
+                .gpu_busy_p50
+                .map_or("-".to_owned(), |b| format!("{:.0}%", b * 100.0)),
+            p.slo
+                .as_ref()
+                .and_then(|s| s.score)
+                .map_or("-".to_owned(), |x| format!("{:.1}%", x * 100.0)),
+        );
+    }
+
+    let _ = writeln!(out, "\nviolations:");
+    let all: Vec<&types::Violation> = s.processes.iter().flat_map(|p| &p.violations).collect();
+    if all.is_empty() {
+        let _ = writeln!(out, "  none");
+    }
+    for v in all {
+        let _ = writeln!(
+            out,
+            "  pid {} #{} ({}, {}): {}",
+            v.pid,
+            v.id,
+            v.severity.as_str(),
+            if v.open { "open" } else { "closed" },
+            v.chain
+        );
+        for c in v.causes.iter().skip(1) {
+            let _ = writeln!(
+                out,
+                "      also {} {:+.2} ms per iteration ({}: {})",
+                c.op,
+                c.delta_ns / 1e6,
+                c.dimension,
+                c.detail
+            );
+        }
+    }
+
+    for p in s.processes.iter().filter(|p| !p.operators.is_empty()) {
+        let _ = writeln!(out, "\ntop operators of pid {} (share of GPU time):", p.pid);
+        for o in p.operators.iter().take(8) {
+            let _ = writeln!(
+                out,
+                "  {:>5.1}%  {} ({}, {} per iteration)",
+                100.0 * o.share,
+                o.op,
+                o.kind,
+                human_ns(o.gpu_ns_per_iteration)
+            );
+        }
+    }
+
+    for j in s.jobs.iter().filter(|j| j.ranks.len() >= 2) {
+        let _ = writeln!(
+            out,
+            "\nstragglers of job {} (NVRx scale, 1 = best; relative: the fastest rank over this \
+             one; individual: its best iteration over its median):",
+            j.id
+        );
+        for k in &j.ranks {
+            let _ = writeln!(
+                out,
+                "  rank {:>3} pid {:>7}: relative {}, individual {}; noncomm ratio {}, host \
+                 ratio {}{}",
+                k.rank,
+                k.pid,
+                score(k.relative),
+                score(k.individual),
+                score(k.noncomm_ratio),
+                score(k.host_ratio),
+                k.straggler
+                    .as_ref()
+                    .map_or(String::new(), |c| format!("  <- the straggler: {c}"))
+            );
+        }
+    }
+
+    if !s.host.roles.is_empty() {
+        let _ = writeln!(out, "\nhost by thread role:");
+        for r in &s.host.roles {
+            let _ = writeln!(
+                out,
+                "  {:<14} {:>4} threads, {} waiting for a CPU ({} waits), off-CPU {} blocked, \
+                 {} preempted, {} TCP retransmits",
+                r.role,
+                r.threads,
+                human_ns(r.runq_ns as f64),
+                r.runq_waits,
+                human_ns(r.offcpu_voluntary_ns as f64),
+                human_ns(r.offcpu_involuntary_ns as f64),
+                r.retransmits
+            );
+        }
+    }
+
+    if let Some(h) = &s.healer {
+        let _ = writeln!(out, "\nhealer ({}): {}", h.mode, h.state);
+        for e in &h.timeline {
+            let _ = writeln!(
+                out,
+                "  #{} {} {} on {}: {}",
+                e.id, e.kind, e.strategy, e.target, e.detail
+            );
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_lines_read_back_in_a_shell() {
+        let args: Vec<String> = ["sh", "-c", "echo 'a b'; exit 3", "x"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        assert_eq!(shell_join(&args), r#"sh -c 'echo '\''a b'\''; exit 3' x"#);
+    }
+
+    #[test]
+    fn programs_are_checked_like_a_shell_does() {
+        assert!(check_program("sh").is_ok());
+        assert_eq!(
+            check_program("no-such-program-x").map_err(|e| e.0),
+            Err(127)
+        );
+        let plain = std::env::temp_dir().join(format!("slo-probe-plain-{}", std::process::id()));
+        std::fs::write(&plain, "not a program").expect("write");
+        let path = plain.display().to_string();
+        assert_eq!(check_program(&path).map_err(|e| e.0), Err(126));
+        let _ = std::fs::remove_file(&plain);
+        assert_eq!(check_program("./missing").map_err(|e| e.0), Err(127));
+    }
+
+    #[test]
+    fn the_text_report_has_every_section() {
+        let r = RunReport {
+            version: REPORT_VERSION,
+            command: vec!["train".into()],
+            exit: Exit {
+                code: Some(3),
+                ..Default::default()
+            },
+            state: Snapshot {
+                processes: vec![types::Process {
+                    pid: 9,
+                    iterations: types::Iterations {
+                        total: 10,
+                        wall_p50_ns: Some(1_000_000),
+                        wall_p99_ns: Some(2_000_000),
+                        ..Default::default()
+                    },
+                    violations: vec![types::Violation {
+                        pid: 9,
+                        id: 1,
+                        open: true,
+                        chain: "iteration p99 +38% ← aten::mm".into(),
+                        ..Default::default()
+                    }],
+                    operators: vec![types::Operator {
+                        op: "aten::mm".into(),
+                        share: 0.5,
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }],
+                jobs: vec![types::Job {
+                    id: "j".into(),
+                    ranks: vec![types::Rank::default(), types::Rank::default()],
+                }],
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let t = text(&r);
+        for want in [
+            "exited with 3",
+            "p50 1.00 ms, p99 2.00 ms",
+            "iteration p99 +38% ← aten::mm",
+            "50.0%  aten::mm",
+            "stragglers of job j (NVRx scale",
+        ] {
+            assert!(t.contains(want), "{want}: {t}");
+        }
+        let s = summary(&r).join("\n");
+        assert!(s.contains("1 open violation: iteration p99"), "{s}");
+    }
+}
