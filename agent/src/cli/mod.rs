@@ -1,11 +1,12 @@
 //! The `slo-probe` command line: its arguments, and one function per subcommand. `main.rs` only
 //! parses and calls [`run`]; `agent` is in [`agent`], `observe` in [`observe`], `replay` in
-//! [`replay`], `run` in [`mod@run`]; `check` and `config` are short enough to live here.
+//! [`replay`], `run` in [`mod@run`], `top` in [`top`]; `check` and `config` are short enough to live here.
 
 pub mod agent;
 pub mod observe;
 pub mod replay;
 pub mod run;
+pub mod top;
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
@@ -136,6 +137,34 @@ pub enum Cmd {
         /// The command and its arguments (after `--`).
         #[arg(required = true, last = true)]
         command: Vec<String>,
+    },
+    /// A terminal view of a node from its agent's state API: jobs and ranks with their SLO
+    /// score, the SLO tree, open violations with their chains, top operators, host by thread
+    /// role, GPUs, the healer's timeline. Keys: q quit, ? help, Tab pane, arrows or j/k move,
+    /// Enter drill in, Esc back, / filter, space or f freeze, s sort.
+    Top {
+        /// The agent, as http://HOST:PORT; it reconnects by itself (backoff 0.5 to 5 s).
+        /// Default: prometheus.listen of --config (127.0.0.1:9617).
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
+        /// TOML configuration file (for the default address).
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// Show a GPU recording (a <pid>.bin of shim.record_dir, such as
+        /// tests/fixtures/gpu/h200-graphs.bin) instead of an agent: no agent or GPU needed
+        /// (repeatable).
+        #[arg(long = "replay", value_name = "FILE")]
+        replay: Vec<PathBuf>,
+        /// Print one snapshot and exit (as the screen would show it, 120x40 when stdout is
+        /// not a terminal).
+        #[arg(long)]
+        once: bool,
+        /// With --once: print the snapshot as the state API's JSON.
+        #[arg(long)]
+        json: bool,
+        /// Capture the mouse (the wheel moves; off by default because it blocks copy-paste).
+        #[arg(long)]
+        mouse: bool,
     },
     /// Check what this machine allows (privileges, kernel BTF, tracefs); exit 1 if the eBPF
     /// probes cannot load.
@@ -308,6 +337,29 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 run::Outcome::Exited(code) => ExitCode::from(code),
                 run::Outcome::Signalled(sig) => ExitCode::from(run::reraise(sig)),
             })
+        }
+        Cmd::Top {
+            url,
+            config,
+            replay,
+            once,
+            json,
+            mouse,
+        } => {
+            let endpoint = match url {
+                Some(u) => crate::api::client::Endpoint::parse(&u)?,
+                None => crate::api::client::Endpoint::of(
+                    load_config(config.as_ref())?.prometheus.listen,
+                ),
+            };
+            top::run(top::Options {
+                endpoint,
+                replay,
+                once,
+                json,
+                mouse,
+            })?;
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Check => {
             let p = Preflight::run();
