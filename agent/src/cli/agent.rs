@@ -55,11 +55,9 @@ pub fn run(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
                         shim_socket: shim_socket.clone(),
                         writes_allowed: config.api.allow_writes,
                     }));
-            log::info!(
-                "serving Prometheus metrics at http://{0}/metrics and the state API at \
-                 http://{0}/api/v1/snapshot",
-                server.local_addr()?
-            );
+            let addr = server.local_addr()?;
+            log::info!("serving Prometheus metrics at http://{addr}/metrics");
+            log::info!("serving the state API at http://{addr}/api/v1/snapshot and /api/v1/watch");
             Some(tokio::spawn(server.serve(rx.clone(), shutdown_rx.clone())))
         } else {
             None

@@ -463,7 +463,7 @@ fn pane(f: &mut Frame, area: Rect, app: &App, pane: Pane, theme: Theme) {
                     Constraint::Length(4),
                     Constraint::Length(7),
                     Constraint::Length(6),
-                    Constraint::Length(8),
+                    Constraint::Length(9),
                     Constraint::Length(8),
                     Constraint::Length(8),
                     Constraint::Length(4),
@@ -632,9 +632,9 @@ fn pane(f: &mut Frame, area: Rect, app: &App, pane: Pane, theme: Theme) {
                     Constraint::Length(6),
                     Constraint::Length(9),
                     Constraint::Length(13),
-                    Constraint::Min(10),
+                    Constraint::Min(24),
                 ],
-                &[0, 2, 1, 0],
+                &[0, 1, 2, 0],
                 theme,
             );
         }
