@@ -334,8 +334,14 @@ impl InProcess {
         c.finish_gpu();
         let s = c.tick();
         drop(c);
-        let _ = std::fs::remove_dir_all(&self.dir);
         Some(convert::snapshot(&s, &self.ctx))
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        // The private socket's folder, however the run ended.
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -527,8 +533,10 @@ pub fn shell_join(args: &[String]) -> String {
         .join(" ")
 }
 
+/// One line of ours on stderr. Never panics (`eprintln!` would on a closed stderr, and the
+/// command's exit status must still come out).
 fn say(line: &str) {
-    eprintln!("slo-probe: {line}");
+    let _ = writeln!(std::io::stderr(), "slo-probe: {line}");
 }
 
 /// What the wait for the command saw.
@@ -661,15 +669,20 @@ pub fn run(opts: Options) -> Result<Outcome, RunError> {
         socket: socket.clone(),
     };
 
+    // Ctrl-C while the agent started: do not start the command at all.
+    if let Some((sig, _)) = take_signals().into_iter().find(|(s, _)| is_stop_signal(*s)) {
+        say(&format!(
+            "{} before the command started; not starting it",
+            signal_name(sig)
+        ));
+        return Ok(Outcome::Exited(128u8.wrapping_add(sig as u8)));
+    }
     let started = SystemTime::now();
     let start = Instant::now();
     let mut child = match spawn(&opts.command, &inject, &mut agent, ebpf) {
         Ok(c) => c,
         Err(e) => {
             say(&format!("cannot run `{program}`: {e}"));
-            let _ = std::fs::remove_dir_all(
-                std::env::temp_dir().join(format!("slo-probe-run-{}", std::process::id())),
-            );
             return Ok(Outcome::Exited(
                 if e.kind() == std::io::ErrorKind::PermissionDenied {
                     126
@@ -689,7 +702,53 @@ pub fn run(opts: Options) -> Result<Outcome, RunError> {
         }
     };
 
-    // Everything below only reports: it never changes `outcome`.
+    // Everything below only reports: it never changes `outcome`, not even by a panic.
+    let finish = Finish {
+        opts: &opts,
+        node,
+        started,
+        wall,
+        waited,
+        agent,
+        ebpf,
+        notes,
+        injected,
+        target: &target,
+    };
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| report_and_write(finish))).is_err()
+    {
+        say("the report was not written (internal error; the message is above)");
+    }
+    Ok(outcome)
+}
+
+/// What the report is made of.
+struct Finish<'a> {
+    opts: &'a Options,
+    node: String,
+    started: SystemTime,
+    wall: Duration,
+    waited: Waited,
+    agent: Agent,
+    ebpf: bool,
+    notes: Vec<String>,
+    injected: Option<String>,
+    target: &'a ReportTarget,
+}
+
+fn report_and_write(f: Finish<'_>) {
+    let Finish {
+        opts,
+        node,
+        started,
+        wall,
+        waited,
+        agent,
+        ebpf,
+        mut notes,
+        injected,
+        target,
+    } = f;
     let description = agent.describe(ebpf);
     let mut pids = waited.pids;
     let state = match agent {
@@ -744,7 +803,6 @@ pub fn run(opts: Options) -> Result<Outcome, RunError> {
             crate::error_chain(&e)
         )),
     }
-    Ok(outcome)
 }
 
 fn outcome_of(st: &ExitStatus) -> Outcome {
