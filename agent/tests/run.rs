@@ -344,3 +344,36 @@ fn ctrl_c_in_a_terminal_reaches_the_command_once_and_the_report_is_written() {
     let r = report(&dir.join("died.json"));
     assert_eq!(r.exit.signal, Some(libc::SIGINT));
 }
+
+#[test]
+fn listen_serves_the_state_api_while_the_command_runs() {
+    let dir = tempdir("listen");
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port");
+    // The command reads the API of the agent `run` started for it.
+    let script = "import json, os, time, urllib.request\n\
+                  for _ in range(100):\n\
+                  \x20   try:\n\
+                  \x20       s = json.load(urllib.request.urlopen('http://' + os.environ['ADDR'] + '/api/v1/snapshot'))\n\
+                  \x20       break\n\
+                  \x20   except OSError:\n\
+                  \x20       time.sleep(0.1)\n\
+                  print('version', s['version'], 'socket', s['agent']['shim_socket'] == os.environ['SLO_PROBE_SOCKET'])\n";
+    let out = wrapper_with(
+        &dir,
+        "listen",
+        &["--listen", &addr.to_string()],
+        &["python3", "-c", script],
+    )
+    .env("ADDR", addr.to_string())
+    .output()
+    .expect("run");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "version 1 socket True\n");
+    assert!(text(&out.stderr).contains(&format!("http://{addr}/api/v1/snapshot")));
+    assert_eq!(
+        report(&dir.join("listen.json")).agent,
+        "in-process without eBPF"
+    );
+}

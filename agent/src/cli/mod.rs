@@ -134,6 +134,11 @@ pub enum Cmd {
         /// Do not inject the CUPTI shim (CUDA_INJECTION64_PATH).
         #[arg(long)]
         no_gpu: bool,
+        /// Start the agent here even if one answers at prometheus.listen, and serve Prometheus
+        /// metrics and the state API at this address while the command runs (for `slo-probe
+        /// top --url`).
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<SocketAddr>,
         /// The command and its arguments (after `--`).
         #[arg(required = true, last = true)]
         command: Vec<String>,
@@ -316,6 +321,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             kill_after,
             no_ebpf,
             no_gpu,
+            listen,
             command,
         } => {
             let config = load_config(config.as_ref())?;
@@ -331,6 +337,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 kill_after: Duration::from_secs_f64(kill_after),
                 no_ebpf,
                 no_gpu,
+                listen,
                 command,
             })?;
             Ok(match outcome {

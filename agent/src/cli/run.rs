@@ -7,7 +7,8 @@
 //!
 //! - Agent: the one already listening at `prometheus.listen` (its state API answers), else one
 //!   in this process following only the command's process tree (eBPF when allowed, else
-//!   without) with a private shim socket.
+//!   without) with a private shim socket; with `--listen ADDR` always the latter, serving
+//!   metrics and the state API at `ADDR` while the command runs.
 //! - Shim: `CUDA_INJECTION64_PATH` names `libslo_probe_cupti.so` next to this binary (or
 //!   `shim.library`); a path the user set already is kept, with a warning.
 //! - Signals: the command stays in this process group, so a terminal's Ctrl-C (or Ctrl-\)
@@ -22,6 +23,7 @@ use std::{
     collections::BTreeSet,
     fmt::Write as _,
     io::Write as _,
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus},
     sync::{
@@ -39,6 +41,7 @@ use tokio::sync::watch;
 
 use super::observe::{human_ns, spawn_held, Inject};
 use crate::{
+    api::Api,
     api::{
         client::Endpoint,
         convert,
@@ -46,6 +49,7 @@ use crate::{
     },
     collector::{self, Collector},
     config::Config,
+    exporters::prometheus::PrometheusServer,
     sources::procfs,
 };
 
@@ -116,6 +120,9 @@ pub struct Options {
     pub kill_after: Duration,
     /// Do not load eBPF programs in an in-process agent.
     pub no_ebpf: bool,
+    /// Start an agent here (whatever runs at `prometheus.listen`) and serve metrics and the
+    /// state API at this address while the command runs.
+    pub listen: Option<SocketAddr>,
     /// Do not inject the shim.
     pub no_gpu: bool,
     /// The command.
@@ -304,9 +311,48 @@ struct InProcess {
     ctx: convert::Context,
     /// The private socket's folder, removed at the end.
     dir: PathBuf,
+    /// `--listen`: where it serves metrics and the state API while the command runs.
+    listen: Option<SocketAddr>,
+    per_thread: bool,
+    /// The server's runtime and its stop switch.
+    server: Option<(tokio::runtime::Runtime, watch::Sender<bool>)>,
 }
 
 impl InProcess {
+    /// Serves `/metrics` and `/api/v1` from `snapshots` at `--listen` (a failure is said and
+    /// skipped: the command runs all the same).
+    fn serve(&mut self, addr: SocketAddr, snapshots: watch::Receiver<Arc<CoreSnapshot>>) {
+        let runtime = match tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("slo-io")
+            .enable_all()
+            .build()
+        {
+            Ok(r) => r,
+            Err(e) => {
+                say(&format!(
+                    "cannot start the server's runtime: {e}; not serving"
+                ));
+                return;
+            }
+        };
+        let server = runtime.block_on(PrometheusServer::bind(addr, self.per_thread));
+        match server {
+            Ok(server) => {
+                let server = server.with_api(Api::new(self.ctx.clone()));
+                let shown = server.local_addr().map_or(addr, |a| a);
+                say(&format!(
+                    "serving the state API at http://{shown}/api/v1/snapshot while the command \
+                     runs (slo-probe top --url http://{shown})"
+                ));
+                let (stop_tx, stop_rx) = watch::channel(false);
+                runtime.spawn(server.serve(snapshots, stop_rx));
+                self.server = Some((runtime, stop_tx));
+            }
+            Err(e) => say(&format!("{e}; not serving")),
+        }
+    }
+
     /// Follows the command from `pid` and starts ticking.
     fn start(&mut self, pid: u32) {
         let Some(mut c) = self.collector.take() else {
@@ -318,7 +364,10 @@ impl InProcess {
                 crate::error_chain(&e)
             ));
         }
-        let (tx, _) = watch::channel(Arc::new(CoreSnapshot::default()));
+        let (tx, rx) = watch::channel(Arc::new(CoreSnapshot::default()));
+        if let Some(addr) = self.listen {
+            self.serve(addr, rx);
+        }
         match collector::spawn(c, self.tick, tx, self.stop.clone()) {
             Ok(h) => self.handle = Some(h),
             Err(e) => say(&format!(
@@ -334,6 +383,10 @@ impl InProcess {
         c.finish_gpu();
         let s = c.tick();
         drop(c);
+        if let Some((runtime, stop)) = self.server.take() {
+            let _ = stop.send(true);
+            runtime.shutdown_timeout(Duration::from_secs(1));
+        }
         Some(convert::snapshot(&s, &self.ctx))
     }
 }
@@ -369,7 +422,8 @@ impl Agent {
 /// The agent, whether it has eBPF, and the socket the command's shims register on.
 fn start_agent(opts: &Options, notes: &mut Vec<String>) -> (Agent, bool, Option<PathBuf>) {
     let config = &opts.config;
-    if config.prometheus.enabled {
+    // With --listen this run is the agent; else the one already at prometheus.listen, if any.
+    if config.prometheus.enabled && opts.listen.is_none() {
         let endpoint = Endpoint::of(config.prometheus.listen);
         if let Ok(s) = endpoint.snapshot(PROBE_TIMEOUT) {
             say(&format!("using the agent at {}", endpoint.url()));
@@ -434,6 +488,9 @@ fn start_agent(opts: &Options, notes: &mut Vec<String>) -> (Agent, bool, Option<
         tick: config.tick(),
         ctx,
         dir,
+        listen: opts.listen,
+        per_thread: config.prometheus.per_thread,
+        server: None,
     };
     (Agent::InProcess(Box::new(agent)), ebpf, socket)
 }
