@@ -35,7 +35,7 @@ pub enum TopError {
     #[error("cannot replay the recording")]
     Replay(#[from] ReplayError),
     /// The terminal could not be set up or drawn.
-    #[error("terminal: {0}")]
+    #[error("cannot use the terminal")]
     Terminal(#[source] std::io::Error),
     /// Interactive mode without a terminal.
     #[error("top needs a terminal on stdout; for scripts use --once (text) or --once --json")]
