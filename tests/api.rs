@@ -183,7 +183,7 @@ fn the_agent_serves_its_state_and_watch_stream_and_guards_its_writes() {
         p.slo.as_ref().map(|s| s.state),
         Some(State::Warning | State::Critical | State::Breaching | State::Ok)
     ));
-    assert_eq!(s.open_violations().first().map(|v| v.pid), Some(p1));
+    assert!(s.open_violations().iter().any(|v| v.pid == p1));
     // Once most of rank 1's recent iterations are slow, it scores lower.
     let relative = |s: &Snapshot, pid: u32| {
         s.jobs

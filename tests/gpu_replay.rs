@@ -12,11 +12,22 @@ use slo_probe_common::{AnyRecord, RecordIter};
 
 use slo_probe_core::{
     gpu::{GpuHistory, GpuSample, GpuSnapshot},
-    gputrace::{Iteration, TraceAssembler},
+    gputrace::Iteration,
     occupancy::SmLimits,
+    pipeline::{PipelineSettings, ProcessPipeline},
+    snapshot::ProcessSnapshot,
 };
 
-fn replay(name: &str) -> (TraceAssembler, Vec<Iteration>, BTreeMap<&'static str, u64>) {
+/// A recording's pipeline (every iteration kept), with the H200's SM limits (compute
+/// capability 9.0) and SLO windows of `window_ms` (default: fitted to the recording).
+fn pipeline(window_ms: Option<u64>, markers: bool) -> ProcessPipeline {
+    let mut settings = PipelineSettings::recording(window_ms);
+    settings.limits = SmLimits::for_capability(9, 0);
+    settings.ignore_markers = !markers;
+    ProcessPipeline::new(0, settings).expect("spec")
+}
+
+fn replay(name: &str) -> (ProcessSnapshot, Vec<Iteration>, BTreeMap<&'static str, u64>) {
     replay_with(name, true)
 }
 
@@ -25,12 +36,10 @@ fn replay(name: &str) -> (TraceAssembler, Vec<Iteration>, BTreeMap<&'static str,
 fn replay_with(
     name: &str,
     markers: bool,
-) -> (TraceAssembler, Vec<Iteration>, BTreeMap<&'static str, u64>) {
+) -> (ProcessSnapshot, Vec<Iteration>, BTreeMap<&'static str, u64>) {
     let path = format!("{}/fixtures/gpu/{name}", env!("CARGO_MANIFEST_DIR"));
     let data = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let mut asm = TraceAssembler::new();
-    // The fixtures were recorded on an H200 (compute capability 9.0).
-    asm.set_limits(SmLimits::for_capability(9, 0));
+    let mut asm = pipeline(None, markers);
     let mut kinds: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut iter = RecordIter::new(&data);
     for r in iter.by_ref() {
@@ -46,13 +55,13 @@ fn replay_with(
             _ => "other",
         };
         *kinds.entry(kind).or_default() += 1;
-        if markers || kind != "step" {
-            asm.push(&r);
-        }
+        asm.push(&r);
     }
     assert_eq!(iter.dropped_bytes(), 0, "{name}: undecodable tail");
-    let its = asm.take_iterations(0, 0, true);
-    (asm, its, kinds)
+    asm.finish(None);
+    let p = asm.snapshot();
+    let its = p.iterations.iter().cloned().collect();
+    (p, its, kinds)
 }
 
 fn median(mut v: Vec<u64>) -> u64 {
@@ -114,7 +123,7 @@ fn eager_trace_replays_into_300_iterations() {
 
 #[test]
 fn graph_trace_replays_with_graph_and_node_level_steps() {
-    let (mut asm, its, kinds) = replay("h200-graphs.bin");
+    let (asm, its, kinds) = replay("h200-graphs.bin");
     eprintln!("graphs: {kinds:?}");
     assert!(kinds["graph"] > 1000, "{kinds:?}");
     assert!(kinds["graph_node"] > 100, "{kinds:?}");
@@ -152,7 +161,8 @@ fn graph_trace_replays_with_graph_and_node_level_steps() {
         let all: u64 = i.ops.iter().map(|o| o.gpu_ns).sum();
         assert!(named * 100 >= all * 95, "{:?}", i.ops);
     } // The graphs launched at graph level resolve to what they run, from the node-level steps.
-    let graph_ops = asm.graph_ops().expect("node-level kernels seen");
+    let graph_ops = &asm.graph_ops;
+    assert!(!graph_ops.is_empty(), "node-level kernels seen");
     let mut time = (0u64, 0u64); // (GPU ns of graph launches, of those with known contents)
     for i in &graph_level {
         for o in i.ops.iter().filter(|o| o.op.starts_with("graph#")) {
@@ -270,21 +280,16 @@ fn replayed_iterations_align_to_nvml_samples() {
 /// job's own figures and no violation opens.
 #[test]
 fn the_slo_engine_judges_the_recorded_jobs_healthy() {
-    use slo_probe_core::slo::{SloEngine, SloSpec};
     for name in ["h200-eager.bin", "h200-graphs.bin"] {
-        let (_, mut its, _) = replay(name);
-        its.sort_by_key(|i| i.end_ns);
         // 300 steps of ~17 ms: 500 ms windows, learned over the first three after warm-up.
-        let spec = SloSpec {
-            window_ms: 500,
-            learn_windows: 3,
-            ..SloSpec::default()
-        };
-        let mut e = SloEngine::new(spec).expect("spec");
-        for i in &its {
-            e.push_iteration(i);
-            e.advance(i.end_ns);
+        let path = format!("{}/fixtures/gpu/{name}", env!("CARGO_MANIFEST_DIR"));
+        let data = std::fs::read(&path).expect("fixture");
+        let mut p = pipeline(Some(500), true);
+        for r in RecordIter::new(&data) {
+            p.push(&r.expect("decodes"));
         }
+        p.finish(None);
+        let e = p.engine().expect("engine");
         let s = e.snapshot();
         let iteration = s.node("iteration").expect("iteration node");
         let compute = s.node("compute").expect("compute node");
@@ -409,31 +414,18 @@ fn slow_down(data: &[u8], op: &str, from: u64, factor: f64) -> Vec<u8> {
 /// The engine opens a violation and attribution names that operator, as an execution slowdown.
 #[test]
 fn an_operator_slowed_down_in_a_recorded_job_is_found() {
-    use slo_probe_core::{
-        attribution::Dimension,
-        slo::{SloEngine, SloSpec},
-    };
+    use slo_probe_core::attribution::Dimension;
     let path = format!("{}/fixtures/gpu/h200-eager.bin", env!("CARGO_MANIFEST_DIR"));
     let data = std::fs::read(&path).expect("fixture");
     let slowed = slow_down(&data, "blocks.2.down", 200, 8.0);
-    let mut asm = TraceAssembler::new();
-    asm.set_limits(SmLimits::for_capability(9, 0));
+    let mut p = pipeline(Some(500), true);
     for r in RecordIter::new(&slowed) {
-        asm.push(&r.expect("rewritten records decode"));
+        p.push(&r.expect("rewritten records decode"));
     }
-    let mut its = asm.take_iterations(0, 0, true);
+    p.finish(None);
+    let its: Vec<Iteration> = p.snapshot().iterations.iter().cloned().collect();
     assert_eq!(its.len(), 300);
-    its.sort_by_key(|i| i.end_ns);
-    let mut e = SloEngine::new(SloSpec {
-        window_ms: 500,
-        learn_windows: 3,
-        ..SloSpec::default()
-    })
-    .expect("spec");
-    for i in &its {
-        e.push_iteration(i);
-        e.advance(i.end_ns);
-    }
+    let e = p.engine().expect("engine");
     let v = e
         .violations()
         .iter()

@@ -13,7 +13,7 @@ use std::{
 };
 
 use slo_probe::{
-    cli::observe,
+    cli::{observe, report},
     collector::Collector,
     config::Config,
     sources::ebpf::{EbpfSettings, Probes},
@@ -163,7 +163,7 @@ fn roles_of_a_real_multi_process_workload() {
     )
     .expect("observe");
     assert!(obs.exit.is_some_and(|s| s.success()), "workload failed");
-    eprintln!("{}", observe::report(&obs, "slo-probe-workload", 20));
+    eprintln!("{}", report::report(&obs, "slo-probe-workload", 20));
     let t = obs.snapshot.threads.as_ref().expect("threads");
     let job: Vec<_> = t
         .threads

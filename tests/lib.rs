@@ -323,3 +323,48 @@ pub fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16,
         .ok_or_else(|| std::io::Error::other(format!("bad status line: {head}")))?;
     Ok((status, body.to_owned()))
 }
+
+/// A shim source listening on `socket` with its own pipelines (no NVML), as the agent's
+/// collector would hold them.
+pub struct Shims {
+    /// The source.
+    pub source: slo_probe::sources::shim::ShimSource,
+    /// Its pipelines.
+    pub pipelines: Arc<std::sync::Mutex<slo_probe_core::pipeline::Pipelines>>,
+}
+
+impl Shims {
+    /// Listens on `socket`; processes get `settings`.
+    pub fn start(
+        socket: &std::path::Path,
+        settings: slo_probe_core::pipeline::PipelineSettings,
+    ) -> std::io::Result<Self> {
+        let pipelines = Arc::new(std::sync::Mutex::new(
+            slo_probe_core::pipeline::Pipelines::new(settings)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?,
+        ));
+        let source =
+            slo_probe::sources::shim::ShimSource::start(socket, &[], None, pipelines.clone(), None)
+                .map_err(std::io::Error::other)?;
+        Ok(Self { source, pipelines })
+    }
+
+    /// Listens on `socket` with the live agent's settings (default SLO tree, 1 s ticks).
+    pub fn live(socket: &std::path::Path) -> std::io::Result<Self> {
+        Self::start(
+            socket,
+            slo_probe_core::pipeline::PipelineSettings::live(
+                slo_probe_core::slo::SloSpec::default(),
+                1_000_000_000,
+            ),
+        )
+    }
+
+    /// What every process shows now.
+    pub fn processes(&self) -> Vec<slo_probe_core::snapshot::ProcessSnapshot> {
+        self.pipelines
+            .lock()
+            .map(|mut p| p.snapshot())
+            .unwrap_or_default()
+    }
+}

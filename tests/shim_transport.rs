@@ -10,8 +10,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use slo_probe::sources::shim::ShimSource;
-use slo_probe_core::gputrace::ShimProcess;
+use slo_probe_core::snapshot::ProcessSnapshot;
+use slo_probe_tests::Shims;
 
 fn shim_library() -> PathBuf {
     slo_probe_tests::artefact("libslo_probe_cupti.so", "slo-probe-cupti")
@@ -40,14 +40,14 @@ fn marker_process(socket: &PathBuf, steps: u32, gap_ms: u32, ring_mb: u32) -> Ch
 }
 
 fn wait_for(
-    src: &ShimSource,
+    src: &Shims,
     pid: u32,
     what: &str,
-    ok: impl Fn(&ShimProcess) -> bool,
-) -> ShimProcess {
+    ok: impl Fn(&ProcessSnapshot) -> bool,
+) -> ProcessSnapshot {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        if let Some(p) = src.snapshot().into_iter().find(|p| p.pid == pid) {
+        if let Some(p) = src.processes().into_iter().find(|p| p.pid == pid) {
             if ok(&p) {
                 return p;
             }
@@ -72,7 +72,7 @@ fn socket_path(tag: &str) -> PathBuf {
 #[test]
 fn registration_agent_restart_and_process_death() {
     let socket = socket_path("restart");
-    let src = ShimSource::start(&socket, &[], None).expect("listen");
+    let src = Shims::live(&socket).expect("listen");
     // 600 steps, 10 ms apart: about 6 s of markers.
     let mut child = marker_process(&socket, 600, 10, 16);
     let pid = child.id();
@@ -84,7 +84,7 @@ fn registration_agent_restart_and_process_death() {
     // new agent continues where the first stopped (the ring's tail is shared).
     drop(src);
     std::thread::sleep(Duration::from_millis(500));
-    let src = ShimSource::start(&socket, &[], None).expect("listen again");
+    let src = Shims::live(&socket).expect("listen again");
     let second = wait_for(&src, pid, "second agent gets steps", |p| p.seen[5] >= 200);
     eprintln!("second agent: {} step records", second.seen[5]);
     let total = first.seen[5] + second.seen[5];
@@ -106,7 +106,7 @@ fn records_beyond_the_ring_are_dropped_and_counted() {
     // No agent yet: 100,000 steps (200,000 records of 32 bytes) into a 1 MiB ring.
     let mut child = marker_process(&socket, 100_000, 0, 1);
     std::thread::sleep(Duration::from_secs(3));
-    let src = ShimSource::start(&socket, &[], None).expect("listen");
+    let src = Shims::live(&socket).expect("listen");
     let p = wait_for(&src, child.id(), "registered with drops", |p| {
         p.dropped > 0 && p.seen[5] > 0
     });
@@ -130,7 +130,7 @@ fn a_process_in_its_own_pid_namespace_registers_under_its_host_pid() {
         return;
     }
     let socket = socket_path("pidns");
-    let src = ShimSource::start(&socket, &[], None).expect("listen");
+    let src = Shims::live(&socket).expect("listen");
     let script = format!(
         "import ctypes, os, time\n\
          assert os.getpid() == 1, os.getpid()\n\
@@ -151,7 +151,7 @@ fn a_process_in_its_own_pid_namespace_registers_under_its_host_pid() {
     // unshare forks python3: the registered pid is that child's, on the host.
     let deadline = Instant::now() + Duration::from_secs(15);
     let p = loop {
-        if let Some(p) = src.snapshot().into_iter().find(|p| p.seen[5] >= 20) {
+        if let Some(p) = src.processes().into_iter().find(|p| p.seen[5] >= 20) {
             break p;
         }
         assert!(

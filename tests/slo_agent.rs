@@ -10,8 +10,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use slo_probe::{exporters::prometheus::slo::render_slo, sources::shim::ShimSource};
-use slo_probe_core::{attribution::DATA_LOADING_OP, slo::SloSpec};
+use slo_probe::exporters::prometheus::slo::render_slo;
+use slo_probe_core::{attribution::DATA_LOADING_OP, pipeline::PipelineSettings, slo::SloSpec};
+use slo_probe_tests::Shims;
 
 fn shim_library() -> PathBuf {
     slo_probe_tests::artefact("libslo_probe_cupti.so", "slo-probe-cupti")
@@ -23,16 +24,19 @@ fn a_slower_job_opens_a_violation_in_the_agent() {
         "slo-probe-test-slo-{}/shim.sock",
         std::process::id()
     ));
-    let src = ShimSource::start(&socket, &[], None).expect("listen");
-    src.set_slo(
-        SloSpec {
-            window_ms: 500,
-            learn_windows: 3,
-            warmup_iterations: 5,
-            ..SloSpec::default()
-        },
-        Duration::from_millis(100),
-    );
+    let src = Shims::start(
+        &socket,
+        PipelineSettings::live(
+            SloSpec {
+                window_ms: 500,
+                learn_windows: 3,
+                warmup_iterations: 5,
+                ..SloSpec::default()
+            },
+            100_000_000,
+        ),
+    )
+    .expect("listen");
     let script = format!(
         "import ctypes, time\n\
          lib = ctypes.PyDLL({lib:?})\n\
@@ -54,7 +58,7 @@ fn a_slower_job_opens_a_violation_in_the_agent() {
     let pid = child.id();
     let deadline = Instant::now() + Duration::from_secs(40);
     let found = loop {
-        let p = src.snapshot().into_iter().find(|p| p.pid == pid);
+        let p = src.processes().into_iter().find(|p| p.pid == pid);
         if let Some(v) = p.as_ref().and_then(|p| p.slo.as_ref()).and_then(|s| {
             s.violations
                 .iter()

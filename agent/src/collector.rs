@@ -7,7 +7,7 @@ use std::{
     path::Path,
     sync::{
         atomic::{AtomicBool, Ordering},
-        Arc,
+        Arc, Mutex,
     },
     thread,
     time::{Duration, Instant},
@@ -18,6 +18,7 @@ use slo_probe_core::{
     host,
     net::{ConnRead, ConnTable},
     occupancy::SmLimits,
+    pipeline::{PipelineSettings, Pipelines},
     proctree::ProcessTree,
     roles::{Role, RoleRules},
     snapshot::{AgentStats, OutlierLog, ProbeStatus, Snapshot},
@@ -41,6 +42,17 @@ const RECENT_OUTLIERS: usize = 64;
 /// Ticks between rescans of target cgroups and clean-ups of the kernel's process set.
 const RESCAN_TICKS: u64 = 5;
 
+/// Why the collector cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum CollectorError {
+    /// The eBPF probes are enabled but cannot load.
+    #[error(transparent)]
+    Ebpf(#[from] EbpfError),
+    /// The SLO tree of the config is invalid.
+    #[error("invalid [slo] configuration")]
+    Slo(#[from] slo_probe_core::slo::SloSpecError),
+}
+
 /// Reads the sources and builds snapshots.
 pub struct Collector {
     probes: Option<Probes>,
@@ -59,6 +71,11 @@ pub struct Collector {
     last_counters: [u64; Counter::COUNT as usize],
     ticks: u64,
     retention_ticks: u64,
+    /// One GPU pipeline per training process: the shim source pushes records, the collector
+    /// host samples; the snapshot reads them.
+    pipelines: Arc<Mutex<Pipelines>>,
+    /// How long a finished training process stays in snapshots, ns.
+    retention_ns: u64,
     shim: Option<ShimSource>,
     shim_down: String,
     nvml: Option<NvmlThread>,
@@ -70,7 +87,7 @@ impl Collector {
     /// whole node unless `job_only` (then only roots added later with [`Collector::add_root`]
     /// are followed). With `no_ebpf`, or the scheduling probes disabled in the config, no eBPF
     /// is loaded and the snapshot says why. Probes that are enabled but cannot load are an error.
-    pub fn new(config: &Config, no_ebpf: bool, job_only: bool) -> Result<Self, EbpfError> {
+    pub fn new(config: &Config, no_ebpf: bool, job_only: bool) -> Result<Self, CollectorError> {
         let rq = &config.probes.runqueue;
         let mut roots: BTreeSet<u32> = config.target.pids.iter().copied().collect();
         let mounts = CgroupMounts::detect();
@@ -96,23 +113,6 @@ impl Collector {
             };
             (Some(Probes::load(&settings)?), String::new())
         };
-        let (shim, shim_down) = if config.shim.enabled {
-            let record = (!config.shim.record_dir.as_os_str().is_empty())
-                .then(|| config.shim.record_dir.clone());
-            match ShimSource::start(&config.shim.socket, &config.shim.allowed_uids, record) {
-                Ok(s) => {
-                    s.set_slo(config.slo.clone(), config.tick());
-                    (Some(s), String::new())
-                }
-                Err(e) => {
-                    let reason = crate::error_chain(&e);
-                    log::warn!("CUPTI shims cannot register: {reason}");
-                    (None, reason)
-                }
-            }
-        } else {
-            (None, "disabled in config (shim.enabled = false)".to_owned())
-        };
         let (nvml, nvml_down) = if no_ebpf && !config.shim.enabled {
             (None, "off".to_owned())
         } else if !config.gpu.nvml {
@@ -122,20 +122,7 @@ impl Collector {
                 Ok(n) => {
                     log::info!("{}", n.describe());
                     match NvmlThread::start(n, Duration::from_millis(config.gpu.sample_ms)) {
-                        Ok(t) => {
-                            if let Some(shim) = &shim {
-                                // Occupancy limits from the first GPU (nodes carry one GPU
-                                // model).
-                                let cc = t.latest().and_then(|s| {
-                                    s.devices.first().and_then(|d| d.compute_capability)
-                                });
-                                shim.set_limits(
-                                    cc.and_then(|c| SmLimits::for_capability(c.major, c.minor)),
-                                );
-                                shim.set_gpu_history(t.history());
-                            }
-                            (Some(t), String::new())
-                        }
+                        Ok(t) => (Some(t), String::new()),
                         Err(e) => {
                             let reason = format!("cannot start the NVML sampling thread: {e}");
                             log::warn!("{reason}");
@@ -149,6 +136,35 @@ impl Collector {
                     (None, reason)
                 }
             }
+        };
+        let mut settings =
+            PipelineSettings::live(config.slo.clone(), config.tick().as_nanos() as u64);
+        // Occupancy limits from the first GPU (nodes carry one GPU model).
+        settings.limits = nvml
+            .as_ref()
+            .and_then(NvmlThread::latest)
+            .and_then(|s| s.devices.first().and_then(|d| d.compute_capability))
+            .and_then(|c| SmLimits::for_capability(c.major, c.minor));
+        let pipelines = Arc::new(Mutex::new(Pipelines::new(settings)?));
+        let (shim, shim_down) = if config.shim.enabled {
+            let record = (!config.shim.record_dir.as_os_str().is_empty())
+                .then(|| config.shim.record_dir.clone());
+            match ShimSource::start(
+                &config.shim.socket,
+                &config.shim.allowed_uids,
+                record,
+                pipelines.clone(),
+                nvml.as_ref().map(NvmlThread::history),
+            ) {
+                Ok(s) => (Some(s), String::new()),
+                Err(e) => {
+                    let reason = crate::error_chain(&e);
+                    log::warn!("CUPTI shims cannot register: {reason}");
+                    (None, reason)
+                }
+            }
+        } else {
+            (None, "disabled in config (shim.enabled = false)".to_owned())
         };
         let mut tree = ProcessTree::new();
         tree.set_roots(roots.iter().copied());
@@ -167,6 +183,8 @@ impl Collector {
             last_counters: [0; Counter::COUNT as usize],
             ticks: 0,
             retention_ticks: config.retention_ticks(),
+            pipelines,
+            retention_ns: config.agent.retention_s.saturating_mul(1_000_000_000),
             shim,
             shim_down,
             nvml,
@@ -233,7 +251,7 @@ impl Collector {
     /// Reads every source once and returns the snapshot.
     pub fn tick(&mut self) -> Snapshot {
         self.ticks += 1;
-        let now = monotonic_ns();
+        let now = slo_probe_common::host::monotonic_ns();
         let rescan = self.ticks % RESCAN_TICKS == 0;
         if rescan && !self.target_cgroups.is_empty() {
             if let Some(m) = &self.cgroups {
@@ -378,35 +396,34 @@ impl Collector {
             });
         }
 
-        if let Some(shim) = &self.shim {
-            // Each training process's part of the job, for its SLO engine's host nodes.
-            let mut job: BTreeSet<u32> = self.tree.job_pids();
-            if let Some(t) = &threads {
-                job.extend(t.processes.iter().map(|p| p.pid));
-            }
-            let samples = shim
-                .pids()
-                .into_iter()
-                .map(|pid| {
+        // Each training process's part of the job (the process and its descendants), for its
+        // SLO engine's host nodes; then what every pipeline shows now.
+        let processes = match self.pipelines.lock() {
+            Ok(mut pipelines) => {
+                let mut job: BTreeSet<u32> = self.tree.job_pids();
+                if let Some(t) = &threads {
+                    job.extend(t.processes.iter().map(|p| p.pid));
+                }
+                for pid in pipelines.pids() {
                     let mine: BTreeSet<u32> = job
                         .iter()
                         .copied()
                         .filter(|&p| self.tree.descends_from(p, pid))
                         .chain([pid])
                         .collect();
-                    (
-                        pid,
-                        host::sample_of(&mine, now, threads.as_ref(), net.as_ref(), &cgroups),
-                    )
-                })
-                .collect();
-            shim.push_host(samples);
-        }
-        let shims = self
-            .shim
-            .as_ref()
-            .map(ShimSource::snapshot)
-            .unwrap_or_default();
+                    let sample =
+                        host::sample_of(&mine, now, threads.as_ref(), net.as_ref(), &cgroups);
+                    pipelines.push_host(pid, sample);
+                }
+                for pid in pipelines.retire(self.retention_ns) {
+                    log::info!(
+                        "training process {pid} ended more than agent.retention_s ago: dropped"
+                    );
+                }
+                pipelines.snapshot()
+            }
+            Err(_) => Vec::new(),
+        };
         let gpus = self.nvml.as_ref().and_then(NvmlThread::latest);
         statuses.push(ProbeStatus {
             name: "nvml",
@@ -420,7 +437,7 @@ impl Collector {
         });
         let mut counters = self.last_counters;
         counters[Counter::DecodeFailed as usize] +=
-            self.decode_failed + shims.iter().map(|s| s.decode_failed).sum::<u64>();
+            self.decode_failed + processes.iter().map(|s| s.decode_failed).sum::<u64>();
         let outliers = match &threads {
             Some(t) => self.outliers.snapshot(|pid| t.process(pid).is_some()),
             None => self.outliers.snapshot(|_| true),
@@ -432,7 +449,8 @@ impl Collector {
             net,
             cgroups,
             pressure,
-            shims,
+            processes,
+            stragglers: Vec::new(),
             counters,
             probes: statuses,
             agent: AgentStats {
@@ -442,6 +460,7 @@ impl Collector {
             },
             gpus,
         }
+        .derive()
     }
 
     /// Removes processes that no longer exist from the kernel's process set.
@@ -515,9 +534,6 @@ pub fn spawn(
             collector
         })
 }
-
-/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns` and of the shim's timestamps.
-pub use slo_probe_common::host::monotonic_ns;
 
 fn self_cpu_seconds() -> f64 {
     let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();

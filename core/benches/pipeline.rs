@@ -10,7 +10,8 @@ use slo_probe_common::{AnyRecord, RecordIter};
 use slo_probe_core::{
     gputrace::TraceAssembler,
     occupancy::SmLimits,
-    slo::{SloEngine, SloSpec},
+    pipeline::{PipelineSettings, ProcessPipeline},
+    slo::SloSpec,
     synth::{case, generate, Trace},
 };
 
@@ -33,39 +34,36 @@ fn decode_only(bytes: &[u8]) -> u64 {
     n
 }
 
-/// What the agent does with a shim's records: decode, assemble iterations (taking completed
-/// ones every 4096 records, as the drain loop does), feed the SLO engine and close its windows.
+/// What the agent does with a shim's records, through the same pipeline: decode, assemble
+/// iterations (advancing every 4096 records, as the drain loop does every 50 ms), feed the SLO
+/// engine and close its windows.
 fn pipeline(bytes: &[u8]) -> u64 {
-    let mut asm = TraceAssembler::new();
-    asm.set_limits(SmLimits::for_capability(9, 0));
-    let mut engine = SloEngine::new(SloSpec {
-        window_ms: 1000,
-        ..SloSpec::default()
-    })
-    .expect("spec");
+    let mut settings = PipelineSettings::live(
+        SloSpec {
+            window_ms: 1000,
+            ..SloSpec::default()
+        },
+        0,
+    );
+    settings.settle_ns = 50_000_000;
+    settings.lag_ns = 50_000_000;
+    settings.limits = SmLimits::for_capability(9, 0);
+    let mut p = ProcessPipeline::new(1, settings).expect("spec");
     let mut last_ts = 0u64;
     let mut n = 0u64;
-    let mut taken = 0u64;
     for r in RecordIter::new(bytes).flatten() {
         if let AnyRecord::GpuKernel(k) = &r {
             last_ts = k.end_ns;
         }
-        asm.push(&r);
+        p.push(&r);
         n += 1;
         if n % 4096 == 0 {
-            for it in asm.take_iterations(last_ts, 50_000_000, false) {
-                engine.push_iteration(&it);
-                taken += 1;
-            }
-            engine.advance(last_ts.saturating_sub(50_000_000));
+            p.advance(last_ts, None, true);
         }
     }
-    for it in asm.take_iterations(0, 0, true) {
-        engine.push_iteration(&it);
-        taken += 1;
-    }
-    engine.advance(last_ts + 1_000_000_000);
-    taken + engine.snapshot().windows
+    p.finish(None);
+    let s = p.snapshot();
+    s.iterations_total + s.slo.map_or(0, |t| t.windows)
 }
 
 fn median_secs(mut f: impl FnMut(), runs: usize) -> f64 {

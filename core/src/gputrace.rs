@@ -145,7 +145,8 @@ pub enum OpKind {
     Communication,
     /// memcpy and memset.
     Memory,
-    /// A whole CUDA graph traced at graph level (what it runs: [`ShimProcess::graph_ops`]).
+    /// A whole CUDA graph traced at graph level (what it runs:
+    /// [`crate::snapshot::ProcessSnapshot::graph_ops`]).
     Graph,
 }
 
@@ -272,50 +273,6 @@ pub fn inductor_ops(kernel: &str) -> Option<&str> {
     (!rest.is_empty()).then_some(rest)
 }
 
-/// What the agent knows about one training process's shim.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ShimProcess {
-    /// Training process.
-    pub pid: u32,
-    /// Connected now.
-    pub connected: bool,
-    /// `STATUS_*` bits the shim published (`slo_probe_common::ring`).
-    pub status: u64,
-    /// CUPTI version the shim runs against (0: not tracing).
-    pub cupti_version: u32,
-    /// Records consumed.
-    pub records: u64,
-    /// Records the shim dropped (ring or queue full).
-    pub dropped: u64,
-    /// Records CUPTI dropped.
-    pub cupti_dropped: u64,
-    /// Bytes the agent skipped as corrupt.
-    pub corrupt_bytes: u64,
-    /// Records that did not decode.
-    pub decode_failed: u64,
-    /// Records seen by kind: kernels, graphs, memory, graph nodes, strings, steps.
-    pub seen: [u64; 6],
-    /// GPU activities outside every iteration (between steps, or late for theirs).
-    pub late: u64,
-    /// Completed iterations, oldest first (a bounded window).
-    pub iterations: Vec<Iteration>,
-    /// Iterations completed since the shim registered.
-    pub iterations_total: u64,
-    /// What each CUDA graph runs (operators by share of its GPU time), for the graphs that
-    /// node-level tracing has seen; graph-level records are labelled `graph#<id>`.
-    pub graph_ops: BTreeMap<u32, Vec<(String, f64)>>,
-    /// Activities counted under the overflow operator because [`MAX_OPS`] were named already.
-    pub ops_overflowed: u64,
-    /// Name strings dropped because [`MAX_STRINGS`] were kept already.
-    pub strings_dropped: u64,
-    /// The SLO tree of the process, as of its last closed window.
-    pub slo: Option<crate::slo::SloSnapshot>,
-    /// Its rank in the job, from its environment (`RANK`, ...), when known.
-    pub rank: Option<u32>,
-    /// Its job, from its environment (`SLO_PROBE_JOB`, `TORCHELASTIC_RUN_ID`, ...), when known.
-    pub job_id: Option<String>,
-}
-
 /// A phase of an iteration: its name (the `phase` label) and its time, ns.
 pub type Phase = (&'static str, fn(&Iteration) -> u64);
 
@@ -330,19 +287,6 @@ pub const PHASES: [Phase; 6] = [
     ("launch_gaps", |i| i.gaps_ns),
     ("comm_overlap", |i| i.comm_overlap_ns),
 ];
-
-impl ShimProcess {
-    /// Launch latencies of every activity in its recent iterations, ns, sorted.
-    pub fn launch_latencies_ns(&self) -> Vec<u64> {
-        let mut lat: Vec<u64> = self
-            .iterations
-            .iter()
-            .flat_map(|i| i.launch_latencies_ns.iter().copied())
-            .collect();
-        lat.sort_unstable();
-        lat
-    }
-}
 
 /// A short readable label for a kernel name: Inductor's fused operators; else the demangled C++
 /// function name without namespaces, template arguments and parameters; for CUTLASS-style
@@ -892,7 +836,13 @@ impl TraceAssembler {
 
     fn take_detected(&mut self, flush: bool) -> Vec<Iteration> {
         self.sort_pending();
-        let boundaries: Vec<u64> = match self.graph_counts.iter().max_by_key(|(_, n)| **n) {
+        // The graph launched most often; among equals the one created first (lowest id), so
+        // that the choice does not depend on hash order.
+        let boundaries: Vec<u64> = match self
+            .graph_counts
+            .iter()
+            .max_by_key(|(g, n)| (**n, std::cmp::Reverse(**g)))
+        {
             Some((&g, &n)) if n >= 2 => self
                 .pending
                 .iter()

@@ -10,10 +10,12 @@ pub mod gputrace;
 pub mod host;
 pub mod net;
 pub mod occupancy;
+pub mod pipeline;
 pub mod proctree;
 pub mod roles;
 pub mod slo;
 pub mod snapshot;
 pub mod straggler;
+#[cfg(any(test, feature = "synth"))]
 pub mod synth;
 pub mod threads;

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use slo_probe_common::{ProcessEventRecord, PROC_EXEC, PROC_EXIT, PROC_FORK};
 
-use crate::threads::comm_to_string;
+use crate::roles::comm_to_string;
 
 /// One process.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -220,6 +220,12 @@ impl RoleRules {
     }
 }
 
+/// A NUL-padded kernel `comm` as a string (lossy for non-UTF-8 names).
+pub fn comm_to_string(comm: &[u8; 16]) -> String {
+    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+    String::from_utf8_lossy(&comm[..end]).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,7 +22,22 @@
 
 use std::collections::BTreeMap;
 
-use crate::gputrace::{Iteration, Phase, ShimProcess, PHASES};
+use crate::gputrace::{Iteration, Phase, PHASES};
+
+/// What the straggler view needs of one training process (implemented by
+/// [`crate::snapshot::ProcessSnapshot`]; the view is computed once per tick into the snapshot).
+pub trait Rank {
+    /// Its process id.
+    fn pid(&self) -> u32;
+    /// Its rank in the job, when known.
+    fn rank(&self) -> Option<u32>;
+    /// Its job, when known.
+    fn job_id(&self) -> Option<&str>;
+    /// Its recent iterations.
+    fn iterations(&self) -> impl Iterator<Item = &Iteration>;
+    /// The last value of one node of its SLO tree.
+    fn node_value(&self, node: &str) -> Option<f64>;
+}
 
 /// `noncomm` score from which a rank is a straggler.
 pub const NONCOMM_OUTLIER: f64 = 1.15;
@@ -74,8 +89,11 @@ fn median(v: &mut [f64]) -> Option<f64> {
     })
 }
 
-fn median_of(its: &[Iteration], f: impl Fn(&Iteration) -> f64) -> Option<f64> {
-    let mut v: Vec<f64> = its.iter().map(f).collect();
+fn median_of<'a>(
+    its: impl Iterator<Item = &'a Iteration>,
+    f: impl Fn(&Iteration) -> f64,
+) -> Option<f64> {
+    let mut v: Vec<f64> = its.map(f).collect();
     median(&mut v)
 }
 
@@ -87,15 +105,11 @@ fn cause_phases() -> impl Iterator<Item = &'static Phase> {
         .filter(|(name, _)| !matches!(*name, "communication" | "comm_overlap"))
 }
 
-fn host_value(p: &ShimProcess, node: &str) -> Option<f64> {
-    p.slo.as_ref()?.node(node)?.value
-}
-
 /// The straggler view of every job with at least two ranks on this node.
-pub fn stragglers(shims: &[ShimProcess]) -> Vec<RankView> {
-    let mut jobs: BTreeMap<&str, Vec<&ShimProcess>> = BTreeMap::new();
-    for p in shims {
-        if let (Some(job), Some(_)) = (p.job_id.as_deref(), p.rank) {
+pub fn stragglers<R: Rank>(ranks: &[R]) -> Vec<RankView> {
+    let mut jobs: BTreeMap<&str, Vec<&R>> = BTreeMap::new();
+    for p in ranks {
+        if let (Some(job), Some(_)) = (p.job_id(), p.rank()) {
             if !job.is_empty() {
                 jobs.entry(job).or_default().push(p);
             }
@@ -106,11 +120,11 @@ pub fn stragglers(shims: &[ShimProcess]) -> Vec<RankView> {
         if procs.len() < 2 {
             continue;
         }
-        procs.sort_by_key(|p| p.rank);
+        procs.sort_by_key(|p| p.rank());
         let noncomm: Vec<Option<f64>> = procs
             .iter()
             .map(|p| {
-                median_of(&p.iterations, |i| {
+                median_of(p.iterations(), |i| {
                     i.wall_ns().saturating_sub(i.comm_ns) as f64 / 1e9
                 })
             })
@@ -118,7 +132,7 @@ pub fn stragglers(shims: &[ShimProcess]) -> Vec<RankView> {
         let host: Vec<Option<f64>> = procs
             .iter()
             .map(|p| {
-                let vals: Vec<f64> = HOST_NODES.iter().filter_map(|n| host_value(p, n)).collect();
+                let vals: Vec<f64> = HOST_NODES.iter().filter_map(|n| p.node_value(n)).collect();
                 (!vals.is_empty()).then(|| vals.iter().sum())
             })
             .collect();
@@ -137,8 +151,8 @@ pub fn stragglers(shims: &[ShimProcess]) -> Vec<RankView> {
             .iter()
             .enumerate()
             .map(|(k, p)| RankView {
-                pid: p.pid,
-                rank: p.rank.unwrap_or_default(),
+                pid: p.pid(),
+                rank: p.rank().unwrap_or_default(),
                 job_id: job.to_owned(),
                 noncomm_s: noncomm[k],
                 noncomm_score: noncomm[k]
@@ -168,12 +182,12 @@ pub fn stragglers(shims: &[ShimProcess]) -> Vec<RankView> {
                 HOST_NODES
                     .iter()
                     .filter_map(|n| {
-                        let mine = host_value(procs[k], n)?;
+                        let mine = procs[k].node_value(n)?;
                         let mut others: Vec<f64> = procs
                             .iter()
                             .enumerate()
                             .filter(|&(j, _)| j != k)
-                            .filter_map(|(_, p)| host_value(p, n))
+                            .filter_map(|(_, p)| p.node_value(n))
                             .collect();
                         Some((*n, mine - median(&mut others)?))
                     })
@@ -182,12 +196,12 @@ pub fn stragglers(shims: &[ShimProcess]) -> Vec<RankView> {
             } else {
                 cause_phases()
                     .filter_map(|(name, f)| {
-                        let mine = median_of(&procs[k].iterations, |i| f(i) as f64)?;
+                        let mine = median_of(procs[k].iterations(), |i| f(i) as f64)?;
                         let mut others: Vec<f64> = procs
                             .iter()
                             .enumerate()
                             .filter(|&(j, _)| j != k)
-                            .filter_map(|(_, p)| median_of(&p.iterations, |i| f(i) as f64))
+                            .filter_map(|(_, p)| median_of(p.iterations(), |i| f(i) as f64))
                             .collect();
                         Some((*name, mine - median(&mut others)?))
                     })
@@ -204,7 +218,10 @@ pub fn stragglers(shims: &[ShimProcess]) -> Vec<RankView> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::slo::{NodeView, SloSnapshot};
+    use crate::{
+        slo::{NodeView, SloSnapshot},
+        snapshot::ProcessSnapshot,
+    };
 
     fn iteration(wall_ms: u64, comm_ms: u64, host_wait_ms: u64) -> Iteration {
         Iteration {
@@ -225,20 +242,20 @@ mod tests {
         }
     }
 
-    fn rank(pid: u32, r: u32, its: Vec<Iteration>, host: [f64; 4]) -> ShimProcess {
-        ShimProcess {
+    fn rank(pid: u32, r: u32, its: Vec<Iteration>, host: [f64; 4]) -> ProcessSnapshot {
+        ProcessSnapshot {
             pid,
             rank: Some(r),
             job_id: Some("llama".into()),
-            iterations: its,
-            slo: Some(SloSnapshot {
+            iterations: its.into(),
+            slo: Some(std::sync::Arc::new(SloSnapshot {
                 nodes: HOST_NODES
                     .iter()
                     .zip(host)
                     .map(|(n, v)| node(n, v))
                     .collect(),
                 ..SloSnapshot::default()
-            }),
+            })),
             ..Default::default()
         }
     }

@@ -17,15 +17,15 @@ use slo_probe_common::{
     GpuKernelRecord, GpuMemRecord, Record, RecordHeader, StepRecord, StringRecord,
 };
 
-use slo_probe_common::RecordIter;
+use slo_probe_common::{AnyRecord, RecordIter};
 
 use crate::{
     attribution::{Dimension, DATA_LOADING_OP, LAUNCHES_OP},
-    gputrace::TraceAssembler,
     host::{ConnHost, HostSample},
     occupancy::SmLimits,
+    pipeline::{PipelineSettings, ProcessPipeline, Windows},
     roles::Role,
-    slo::{SloEngine, SloSpec},
+    slo::SloSpec,
 };
 
 /// A small, fast, seedable generator (SplitMix64).
@@ -812,28 +812,65 @@ pub fn test_spec() -> SloSpec {
     }
 }
 
-/// Generates `case`, decodes its records through the agent's path (record decoding, the
-/// iteration assembler with the H200's SM limits), feeds the iterations and host samples to an
-/// [`SloEngine`] in time order, and reports what it found.
-pub fn run_case(case: &Case, spec: &SloSpec) -> Outcome {
-    let trace = generate(case);
-    let mut asm = TraceAssembler::new();
-    asm.set_limits(SmLimits::for_capability(9, 0));
-    for r in RecordIter::new(&trace.records).flatten() {
-        asm.push(&r);
+/// How long after an iteration's end the simulated agent waits for its records, ns (the
+/// shim's flush period, with room for the GPU running behind the host).
+pub const SIM_SETTLE_NS: u64 = 300_000_000;
+
+/// When the agent would have a record: GPU activities once they ended, markers at once, names
+/// before the activities that use them.
+fn arrival_ns(r: &AnyRecord<'_>) -> u64 {
+    match r {
+        AnyRecord::GpuKernel(k) => k.end_ns,
+        AnyRecord::GpuMem(m) => m.end_ns,
+        AnyRecord::GpuGraph(g) => g.end_ns,
+        AnyRecord::Step(s) => s.ts_ns,
+        _ => 0,
     }
-    let mut its = asm.take_iterations(0, 0, true);
-    its.sort_by_key(|i| i.end_ns);
-    let mut engine = SloEngine::new(spec.clone()).expect("valid spec");
+}
+
+/// Feeds `trace` to a live pipeline the way the agent would: each record once it exists
+/// ([`arrival_ns`]), a host sample every 100 ms, time advancing with the host samples; the
+/// H200's SM limits; then finishes it.
+pub fn drive(trace: &Trace, spec: &SloSpec) -> ProcessPipeline {
+    let settings = PipelineSettings {
+        slo: spec.clone(),
+        windows: Windows::Fixed,
+        settle_ns: SIM_SETTLE_NS,
+        lag_ns: SIM_SETTLE_NS + HOST_PERIOD,
+        keep_iterations: Some(crate::pipeline::KEEP_ITERATIONS),
+        limits: SmLimits::for_capability(9, 0),
+        ignore_markers: false,
+    };
+    let mut p = ProcessPipeline::new(1, settings).expect("valid spec");
+    let mut records: Vec<(u64, AnyRecord<'_>)> = RecordIter::new(&trace.records)
+        .flatten()
+        .map(|r| (arrival_ns(&r), r))
+        .collect();
+    records.sort_by_key(|(at, _)| *at);
     let mut next = 0;
     for s in &trace.host {
-        while next < its.len() && its[next].end_ns <= s.at_ns {
-            engine.push_iteration(&its[next]);
+        while next < records.len() && records[next].0 <= s.at_ns {
+            p.push(&records[next].1);
             next += 1;
         }
-        engine.push_host(s.clone());
-        engine.advance(s.at_ns);
+        p.push_host(s.clone());
+        p.advance(s.at_ns, None, true);
     }
+    for (_, r) in &records[next..] {
+        p.push(r);
+    }
+    p.finish(None);
+    p
+}
+
+/// Generates `case`, drives its records and host samples through the agent's pipeline
+/// ([`drive`]), and reports what the SLO engine found.
+pub fn run_case(case: &Case, spec: &SloSpec) -> Outcome {
+    let trace = generate(case);
+    let pipeline = drive(&trace, spec);
+    let engine = pipeline
+        .engine()
+        .expect("a fixed-window pipeline has an engine");
     let onset = T0 + case.onset_ns;
     let vs = engine.violations();
     let first = vs
@@ -872,7 +909,7 @@ mod tests {
     use super::*;
 
     fn assemble(t: &Trace) -> Vec<crate::gputrace::Iteration> {
-        let mut asm = TraceAssembler::new();
+        let mut asm = crate::gputrace::TraceAssembler::new();
         for r in RecordIter::new(&t.records) {
             asm.push(&r.expect("decodes"));
         }

@@ -343,7 +343,7 @@ impl ThreadTable {
                 continue;
             }
             let now = ThreadCounts::from_stats(&r.stats);
-            let name = comm_to_string(&r.stats.comm);
+            let name = crate::roles::comm_to_string(&r.stats.comm);
             let exited = r.stats.flags & THREAD_EXITED != 0;
             let delta = match self.threads.get_mut(&r.tid) {
                 Some(t) if t.pid == pid => {
@@ -498,12 +498,6 @@ impl ThreadTable {
             processes,
         }
     }
-}
-
-/// A NUL-padded kernel `comm` as a string (lossy for non-UTF-8 names).
-pub fn comm_to_string(comm: &[u8; 16]) -> String {
-    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
-    String::from_utf8_lossy(&comm[..end]).into_owned()
 }
 
 #[cfg(test)]

@@ -9,12 +9,11 @@ use slo_probe_common::ring::{
 };
 use slo_probe_core::{
     gpu::GpuSample,
-    gputrace::ShimProcess,
     net::NetSnapshot,
     roles::Role,
     slo::{self as core_slo, NodeState, SloSnapshot},
-    snapshot::Snapshot as CoreSnapshot,
-    straggler,
+    snapshot::{ProcessSnapshot, Snapshot as CoreSnapshot},
+    straggler::{self, RankView},
     threads::{ThreadCounts, ThreadsSnapshot},
 };
 
@@ -23,7 +22,6 @@ use super::types::{
     Probe, Process, Rank, RoleStats, Shim, Slo, SloNode, Snapshot, Violation, MAX_OPERATORS,
     RECENT_ITERATIONS, VERSION,
 };
-use crate::cli::replay::Replayed;
 
 /// What the core snapshot does not say about the agent.
 #[derive(Clone, Debug, Default)]
@@ -39,7 +37,7 @@ pub struct Context {
 /// The API snapshot of a core snapshot.
 pub fn snapshot(s: &CoreSnapshot, ctx: &Context) -> Snapshot {
     let mut processes: Vec<Process> = s
-        .shims
+        .processes
         .iter()
         .map(|p| process(p, s.threads.as_ref(), s.net.as_ref()))
         .collect();
@@ -65,7 +63,7 @@ pub fn snapshot(s: &CoreSnapshot, ctx: &Context) -> Snapshot {
             shim_socket: ctx.shim_socket.clone(),
             writes_allowed: ctx.writes_allowed,
         },
-        jobs: jobs(&s.shims),
+        jobs: jobs(&s.processes, &s.stragglers),
         processes,
         host: Host {
             roles: s
@@ -98,10 +96,10 @@ pub fn snapshot(s: &CoreSnapshot, ctx: &Context) -> Snapshot {
     }
 }
 
-/// The API snapshot of replayed recordings (`top --replay`): their processes, their job when
-/// they carry ranks, and nothing of a host.
-pub fn replayed(recordings: &[Replayed], host: &str) -> Snapshot {
-    let shims: Vec<ShimProcess> = recordings.iter().map(|r| r.process.clone()).collect();
+/// The API snapshot of replayed recordings (`top --replay`, the processes of
+/// `cli::replay::replay`): their processes, their job when they carry ranks, and nothing of a
+/// host.
+pub fn replayed(shims: &[ProcessSnapshot], host: &str) -> Snapshot {
     let mut processes: Vec<Process> = shims.iter().map(|p| process(p, None, None)).collect();
     sort_processes(&mut processes);
     Snapshot {
@@ -117,7 +115,7 @@ pub fn replayed(recordings: &[Replayed], host: &str) -> Snapshot {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             ..Default::default()
         },
-        jobs: jobs(&shims),
+        jobs: jobs(shims, &straggler::stragglers(shims)),
         processes,
         ..Default::default()
     }
@@ -131,7 +129,7 @@ fn sort_processes(p: &mut [Process]) {
 
 /// One training process. `threads` and `net`: the host view its roles come from.
 pub fn process(
-    p: &ShimProcess,
+    p: &ProcessSnapshot,
     threads: Option<&ThreadsSnapshot>,
     net: Option<&NetSnapshot>,
 ) -> Process {
@@ -165,7 +163,7 @@ pub fn process(
             decode_failed: p.decode_failed,
         },
         iterations: iterations(p),
-        slo: p.slo.as_ref().map(slo),
+        slo: p.slo.as_deref().map(slo),
         violations: p
             .slo
             .as_ref()
@@ -235,66 +233,50 @@ fn quantile(sorted: &[u64], q: f64) -> Option<u64> {
     (!sorted.is_empty()).then(|| sorted[((sorted.len() - 1) as f64 * q).round() as usize])
 }
 
-fn iterations(p: &ShimProcess) -> Iterations {
-    let its = &p.iterations;
-    let mut walls: Vec<u64> = its.iter().map(|i| i.wall_ns()).collect();
-    walls.sort_unstable();
-    // Per iteration, then the median: warm-up iterations would swamp a ratio of sums.
-    let mut busy: Vec<f64> = its
+fn iterations(p: &ProcessSnapshot) -> Iterations {
+    let stats = p.stats.as_deref();
+    let mut recent: Vec<u64> = p
+        .iterations
         .iter()
-        .map(|i| i.gpu_busy_ns as f64 / i.wall_ns().max(1) as f64)
+        .rev()
+        .take(RECENT_ITERATIONS)
+        .map(|i| i.wall_ns())
         .collect();
-    busy.sort_by(f64::total_cmp);
+    recent.reverse();
     Iterations {
         total: p.iterations_total,
-        recent: its.len() as u64,
-        source: match its.first() {
+        recent: p.iterations.len() as u64,
+        source: match stats {
             None => IterationSource::None,
-            Some(i) if i.marked => IterationSource::Markers,
+            Some(s) if s.marked => IterationSource::Markers,
             Some(_) => IterationSource::Detected,
         },
-        last_step: its.last().map(|i| i.step),
-        wall_p50_ns: quantile(&walls, 0.5),
-        wall_p99_ns: quantile(&walls, 0.99),
-        gpu_busy_p50: busy.get(busy.len() / 2).copied(),
-        recent_wall_ns: its
-            .iter()
-            .skip(its.len().saturating_sub(RECENT_ITERATIONS))
-            .map(|i| i.wall_ns())
-            .collect(),
+        last_step: p.iterations.last().map(|i| i.step),
+        wall_p50_ns: stats.map(|s| s.wall_ns[0]),
+        wall_p99_ns: stats.map(|s| s.wall_ns[1]),
+        gpu_busy_p50: stats.map(|s| s.gpu_busy_ratio_p50),
+        recent_wall_ns: recent,
     }
 }
 
-fn operators(p: &ShimProcess) -> Vec<Operator> {
-    // (kind, GPU ns, activities, occupancy × ns, ns with an occupancy)
-    let mut ops: BTreeMap<&str, (&'static str, u64, u64, f64, u64)> = BTreeMap::new();
-    for i in &p.iterations {
-        for o in &i.ops {
-            let e = ops.entry(&o.op).or_insert((o.kind.as_str(), 0, 0, 0.0, 0));
-            e.1 += o.gpu_ns;
-            e.2 += u64::from(o.kernels);
-            if let Some(occ) = o.occupancy {
-                e.3 += occ * o.gpu_ns as f64;
-                e.4 += o.gpu_ns;
-            }
-        }
-    }
-    let total: u64 = ops.values().map(|o| o.1).sum();
-    let n = p.iterations.len().max(1) as f64;
-    let mut out: Vec<Operator> = ops
-        .into_iter()
-        .map(|(op, (kind, ns, acts, occ_w, occ_ns))| Operator {
-            op: op.to_owned(),
-            kind: kind.to_owned(),
-            share: ns as f64 / total.max(1) as f64,
-            gpu_ns_per_iteration: ns as f64 / n,
-            activities_per_iteration: acts as f64 / n,
-            occupancy: (occ_ns > 0).then(|| occ_w / occ_ns as f64),
+fn operators(p: &ProcessSnapshot) -> Vec<Operator> {
+    let Some(stats) = p.stats.as_deref() else {
+        return Vec::new();
+    };
+    let n = stats.count.max(1) as f64;
+    stats
+        .ops
+        .iter()
+        .take(MAX_OPERATORS)
+        .map(|o| Operator {
+            op: o.op.to_string(),
+            kind: o.kind.as_str().to_owned(),
+            share: o.gpu_ns as f64 / stats.ops_gpu_ns.max(1) as f64,
+            gpu_ns_per_iteration: o.gpu_ns as f64 / n,
+            activities_per_iteration: o.count as f64 / n,
+            occupancy: o.occupancy,
         })
-        .collect();
-    out.sort_by(|a, b| b.share.total_cmp(&a.share).then_with(|| a.op.cmp(&b.op)));
-    out.truncate(MAX_OPERATORS);
-    out
+        .collect()
 }
 
 fn state(s: NodeState) -> types::State {
@@ -383,8 +365,7 @@ fn violation(pid: u32, v: &core_slo::Violation) -> Violation {
 }
 
 /// Jobs and their ranks, with the core's straggler view and the NVRx-scale scores.
-fn jobs(shims: &[ShimProcess]) -> Vec<Job> {
-    let views = straggler::stragglers(shims);
+fn jobs(shims: &[ProcessSnapshot], views: &[RankView]) -> Vec<Job> {
     let mut jobs: BTreeMap<&str, Vec<Rank>> = BTreeMap::new();
     for p in shims {
         let (Some(job), Some(rank)) = (p.job_id.as_deref(), p.rank) else {
@@ -430,7 +411,7 @@ fn jobs(shims: &[ShimProcess]) -> Vec<Job> {
 }
 
 /// NVRx's individual score: the rank's best iteration (without communication) over its median.
-fn individual(p: &ShimProcess) -> Option<f64> {
+fn individual(p: &ProcessSnapshot) -> Option<f64> {
     let mut v: Vec<u64> = p
         .iterations
         .iter()
@@ -482,7 +463,7 @@ mod tests {
     fn a_recording_converts_with_its_tree_and_operators() {
         let r = crate::cli::replay::replay(&fixture("h200-graphs.bin"), None, false, None)
             .expect("replays");
-        let s = replayed(std::slice::from_ref(&r), "node");
+        let s = replayed(std::slice::from_ref(&r.process), "node");
         assert_eq!(s.version, VERSION);
         assert_eq!(s.processes.len(), 1);
         let p = &s.processes[0];
@@ -507,20 +488,27 @@ mod tests {
 
     #[test]
     fn ranks_get_nvrx_scores_with_the_slowest_lowest() {
-        let rank = |pid: u32, r: u32, wall_ms: u64| ShimProcess {
-            pid,
-            rank: Some(r),
-            job_id: Some("ddp".into()),
-            iterations: (0..5)
-                .map(|k| Iteration {
-                    start_ns: k * 1_000_000_000,
-                    end_ns: k * 1_000_000_000 + (wall_ms + k) * 1_000_000,
-                    ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
+        let rank = |pid: u32, r: u32, wall_ms: u64| {
+            let mut p = ProcessSnapshot {
+                pid,
+                rank: Some(r),
+                job_id: Some("ddp".into()),
+                ..Default::default()
+            };
+            p.set_iterations(
+                (0..5)
+                    .map(|k| Iteration {
+                        start_ns: k * 1_000_000_000,
+                        end_ns: k * 1_000_000_000 + (wall_ms + k) * 1_000_000,
+                        ..Default::default()
+                    })
+                    .collect::<Vec<_>>()
+                    .into(),
+            );
+            p
         };
-        let j = jobs(&[rank(10, 0, 100), rank(11, 1, 100), rank(12, 2, 200)]);
+        let ranks = [rank(10, 0, 100), rank(11, 1, 100), rank(12, 2, 200)];
+        let j = jobs(&ranks, &straggler::stragglers(&ranks));
         assert_eq!(j.len(), 1);
         let r = &j[0].ranks;
         assert_eq!(r.iter().map(|r| r.rank).collect::<Vec<_>>(), [0, 1, 2]);

@@ -1,10 +1,13 @@
 //! The `slo-probe` command line: its arguments, and one function per subcommand. `main.rs` only
 //! parses and calls [`run`]; `agent` is in [`agent`], `observe` in [`observe`], `replay` in
-//! [`replay`], `run` in [`mod@run`], `top` in [`top`]; `check` and `config` are short enough to live here.
+//! [`replay`], `run` in [`mod@run`], `top` in [`top`]; `check` and `config` are short enough to
+//! live here.
 
 pub mod agent;
+pub mod json;
 pub mod observe;
 pub mod replay;
+pub mod report;
 pub mod run;
 pub mod top;
 
@@ -262,9 +265,9 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 config.tick(),
                 &inject,
             )?;
-            print!("{}", observe::report(&obs, &command.join(" "), top));
+            print!("{}", report::report(&obs, &command.join(" "), top));
             if let Some(path) = json {
-                let text = serde_json::to_string_pretty(&observe::json(&obs, &command.join(" ")))
+                let text = serde_json::to_string_pretty(&json::json(&obs, &command.join(" ")))
                     .context("cannot encode the observation")?;
                 std::fs::write(&path, text)
                     .with_context(|| format!("cannot write {}", path.display()))?;
@@ -303,7 +306,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     println!();
                 }
                 print!("{}", replay::report(&r));
-                out.push(observe::shim_json(&r.process));
+                out.push(json::shim_json(&r.process));
             }
             if let Some(path) = json {
                 let text = serde_json::to_string_pretty(&out)

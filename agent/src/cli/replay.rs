@@ -8,11 +8,11 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use slo_probe_common::{AnyRecord, RecordIter};
+use slo_probe_common::RecordIter;
 use slo_probe_core::{
-    gputrace::{Iteration, ShimProcess, TraceAssembler},
     occupancy::SmLimits,
-    slo::{SloEngine, SloSnapshot, SloSpec},
+    pipeline::{PipelineSettings, ProcessPipeline},
+    snapshot::ProcessSnapshot,
 };
 
 /// Why a recording cannot be replayed.
@@ -27,6 +27,9 @@ pub enum ReplayError {
         #[source]
         source: std::io::Error,
     },
+    /// The SLO spec was refused.
+    #[error("cannot judge the recording")]
+    Spec(#[source] slo_probe_core::slo::SloSpecError),
     /// Not a recording: its first record does not decode.
     #[error(
         "{path} is not a slo-probe GPU recording (its first record does not decode: {why}); \
@@ -46,39 +49,16 @@ pub struct Replayed {
     /// The file.
     pub path: PathBuf,
     /// What the agent would have reported for the process (pid from the file name, else 0).
-    pub process: ShimProcess,
+    pub process: ProcessSnapshot,
     /// Bytes at the end that did not decode (a recording cut short), 0 when all decoded.
     pub undecoded_bytes: usize,
     /// Step markers left out (with `detect`).
     pub markers_ignored: u64,
 }
 
-/// The SLO engine over recorded iterations, with windows of `window_ms` or, by default, a
-/// fifteenth of the recording (100 ms to 10 s) so that baselines are learned within it.
-pub fn judge(iterations: &[Iteration], window_ms: Option<u64>) -> Option<SloSnapshot> {
-    let mut its: Vec<&Iteration> = iterations.iter().collect();
-    its.sort_by_key(|i| i.end_ns);
-    let (first, last) = (its.first()?.end_ns, its.last()?.end_ns);
-    let window_ms =
-        window_ms.unwrap_or_else(|| ((last - first) / 1_000_000 / 15).clamp(100, 10_000));
-    let windows = (last - first) / 1_000_000 / window_ms.max(1);
-    let spec = SloSpec {
-        window_ms,
-        learn_windows: if windows < 30 { 3 } else { 6 },
-        ..SloSpec::default()
-    };
-    let mut e = SloEngine::new(spec).ok()?;
-    for i in its {
-        e.push_iteration(i);
-        e.advance(i.end_ns);
-    }
-    e.advance(last + window_ms * 1_000_000);
-    Some(e.snapshot())
-}
-
 /// Replays `path`. `limits`: the GPU's per-SM limits, for theoretical occupancy. With `detect`,
 /// step markers are left out and iterations are detected from the kernel sequence.
-/// `window_ms`: the SLO windows (see [`judge`]).
+/// `window_ms`: the SLO windows (see [`slo_probe_core::pipeline::Windows::FitToRecording`]).
 pub fn replay(
     path: &Path,
     limits: Option<SmLimits>,
@@ -90,15 +70,20 @@ pub fn replay(
         path: name.clone(),
         source,
     })?;
-    let mut asm = TraceAssembler::new();
-    asm.set_limits(limits);
+    let pid = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let mut settings = PipelineSettings::recording(window_ms);
+    settings.limits = limits;
+    settings.ignore_markers = detect;
+    let mut pipeline = ProcessPipeline::new(pid, settings).map_err(ReplayError::Spec)?;
     let mut records = 0u64;
-    let mut markers_ignored = 0u64;
     let mut iter = RecordIter::new(&data);
     for r in iter.by_ref() {
         match r {
-            Ok(AnyRecord::Step(_)) if detect => markers_ignored += 1,
-            Ok(r) => asm.push(&r),
+            Ok(r) => pipeline.push(&r),
             Err(e) if records == 0 => {
                 return Err(ReplayError::NotARecording {
                     path: name,
@@ -110,28 +95,13 @@ pub fn replay(
         records += 1;
     }
     let undecoded_bytes = iter.dropped_bytes();
-    let iterations = asm.take_iterations(0, 0, true);
-    let slo = judge(&iterations, window_ms);
-    let pid = path
-        .file_stem()
-        .and_then(|s| s.to_str())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let process = ShimProcess {
-        pid,
-        records: records - u64::from(undecoded_bytes > 0),
-        decode_failed: u64::from(undecoded_bytes > 0),
-        corrupt_bytes: undecoded_bytes as u64,
-        seen: asm.seen,
-        late: asm.late,
-        iterations_total: iterations.len() as u64,
-        iterations,
-        graph_ops: asm.graph_ops().unwrap_or_default(),
-        ops_overflowed: asm.ops_overflowed(),
-        strings_dropped: asm.strings_dropped,
-        slo,
-        ..Default::default()
-    };
+    pipeline.finish(None);
+    let info = pipeline.info_mut();
+    info.records = records - u64::from(undecoded_bytes > 0);
+    info.decode_failed = u64::from(undecoded_bytes > 0);
+    info.corrupt_bytes = undecoded_bytes as u64;
+    let markers_ignored = pipeline.markers_ignored();
+    let process = pipeline.snapshot();
     Ok(Replayed {
         path: path.to_owned(),
         process,
@@ -170,7 +140,7 @@ pub fn report(r: &Replayed) -> String {
             String::new()
         },
     );
-    super::observe::iterations_report(&mut out, p);
+    super::report::iterations_report(&mut out, p);
     out
 }
 

@@ -39,7 +39,10 @@ use serde::{Deserialize, Serialize};
 use slo_probe_core::snapshot::Snapshot as CoreSnapshot;
 use tokio::sync::watch;
 
-use super::observe::{human_ns, spawn_held, Inject};
+use super::{
+    observe::{spawn_held, Inject},
+    report::human_ns,
+};
 use crate::{
     api::Api,
     api::{

@@ -42,7 +42,7 @@ use opentelemetry_sdk::{
     Resource,
 };
 use slo_probe_core::{
-    attribution::Attribution, gpu::GpuSnapshot, gputrace::ShimProcess, slo::Violation,
+    attribution::Attribution, gpu::GpuSnapshot, slo::Violation, snapshot::ProcessSnapshot,
     snapshot::Snapshot,
 };
 
@@ -676,7 +676,7 @@ pub fn pod_uid_of_cgroup(path: &str) -> Option<String> {
 }
 
 /// Reads what `/proc/<pid>` says about a training process's pod.
-fn proc_identity(p: &ShimProcess, gpus: Option<&GpuSnapshot>) -> ProcIdentity {
+fn proc_identity(p: &ProcessSnapshot, gpus: Option<&GpuSnapshot>) -> ProcIdentity {
     let pid = p.pid;
     let comm = crate::sources::procfs::stat(pid).map(|i| i.name);
     let pod_uid = crate::sources::procfs::cgroups(pid)
@@ -754,7 +754,7 @@ impl OtlpExporter {
     pub fn update(&mut self, snap: &Snapshot) {
         let now = snap.taken_at_ns;
 
-        for p in &snap.shims {
+        for p in &snap.processes {
             if !self.procs.contains_key(&p.pid) {
                 let identity = proc_identity(p, snap.gpus.as_ref());
                 let mut attrs = node_attributes();
@@ -817,7 +817,7 @@ impl OtlpExporter {
             }
         }
         // Processes gone for longer than the retention: final export, then their providers go.
-        let live: HashSet<u32> = snap.shims.iter().map(|p| p.pid).collect();
+        let live: HashSet<u32> = snap.processes.iter().map(|p| p.pid).collect();
         let gone: Vec<u32> = self
             .procs
             .iter()
@@ -897,7 +897,7 @@ fn wall(mono_ns: u64, now_mono_ns: u64) -> SystemTime {
 /// One span per violation, a child per attributed operator and per host cause.
 fn send_violation(
     tracer: &SdkTracerProvider,
-    p: &ShimProcess,
+    p: &ProcessSnapshot,
     id: &ProcIdentity,
     v: &Violation,
     now_mono: u64,

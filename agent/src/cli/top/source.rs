@@ -105,7 +105,7 @@ fn follow(
 pub fn replayed(files: &[PathBuf]) -> Result<Snapshot, ReplayError> {
     let mut r = Vec::new();
     for f in files {
-        r.push(replay::replay(f, None, false, None)?);
+        r.push(replay::replay(f, None, false, None)?.process);
     }
     Ok(convert::replayed(&r, ""))
 }

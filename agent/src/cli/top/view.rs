@@ -20,7 +20,7 @@ use super::{
 };
 use crate::{
     api::types::{Severity, State},
-    cli::observe::{human_bytes, human_ns},
+    cli::report::{human_bytes, human_ns},
 };
 
 /// Colours, or none.

@@ -18,9 +18,10 @@ use hyper_util::rt::TokioIo;
 use slo_probe_common::Counter;
 use slo_probe_core::{
     cgroup::{CgroupRow, CpuStat},
-    gputrace::ShimProcess,
     net::{endpoints, ConnRow, NetSnapshot},
+    snapshot::ProcessSnapshot,
     snapshot::Snapshot,
+    straggler::RankView,
     threads::{RunqCounts, ThreadCounts, ThreadsSnapshot},
 };
 use tokio::{net::TcpListener, sync::watch};
@@ -120,8 +121,8 @@ pub fn render(snapshot: &Snapshot, per_thread: bool) -> String {
     }
     render_cgroups(&mut out, snapshot);
     render_shims(&mut out, snapshot);
-    render_stragglers(&mut out, &snapshot.shims);
-    slo::render_slo(&mut out, &snapshot.shims);
+    render_stragglers(&mut out, &snapshot.stragglers);
+    slo::render_slo(&mut out, &snapshot.processes);
     if let Some(g) = &snapshot.gpus {
         gpu::render_gpus(&mut out, g);
     }
@@ -511,7 +512,7 @@ fn render_cgroups(out: &mut String, snapshot: &Snapshot) {
 
 /// The labels of a training process's series: `pid`, and its `rank` and `job_id` from its
 /// environment (empty when unknown).
-pub(crate) fn proc_labels(p: &ShimProcess) -> String {
+pub(crate) fn proc_labels(p: &ProcessSnapshot) -> String {
     format!(
         "pid=\"{}\",rank=\"{}\",job_id=\"{}\"",
         p.pid,
@@ -524,7 +525,7 @@ fn render_shims(out: &mut String, snapshot: &Snapshot) {
     use slo_probe_common::ring::{
         STATUS_CONNECTED, STATUS_DIAGNOSTIC, STATUS_LOST_RACE, STATUS_TRACING,
     };
-    let shims = &snapshot.shims;
+    let shims = &snapshot.processes;
     header(
         out,
         "slo_probe_shim_state",
@@ -650,59 +651,46 @@ fn render_shims(out: &mut String, snapshot: &Snapshot) {
         "gauge",
         "Launch latency (API entry to GPU start) over the recent window, by quantile.",
     );
-    for p in shims.iter().filter(|p| !p.iterations.is_empty()) {
-        let mut walls: Vec<u64> = p.iterations.iter().map(|i| i.wall_ns()).collect();
-        walls.sort_unstable();
-        let lat = p.launch_latencies_ns();
-        let q = |v: &[u64], q: f64| v[((v.len() - 1) as f64 * q).round() as usize] as f64 / 1e9;
-        for quantile in [0.5, 0.99] {
+    for p in shims {
+        let Some(st) = &p.stats else { continue };
+        let secs = |ns: u64| ns as f64 / 1e9;
+        for (k, quantile) in [0.5, 0.99].into_iter().enumerate() {
             let _ = writeln!(
                 out,
                 "slo_probe_iteration_duration_seconds{{{},quantile=\"{quantile}\"}} {}",
                 proc_labels(p),
-                q(&walls, quantile)
+                secs(st.wall_ns[k])
             );
-            if !lat.is_empty() {
+            if let Some(lat) = st.launch_latency_ns {
                 let _ = writeln!(
                     out,
                     "slo_probe_gpu_launch_latency_seconds{{{},quantile=\"{quantile}\"}} {}",
                     proc_labels(p),
-                    q(&lat, quantile)
+                    secs(lat[k])
                 );
             }
         }
-        for (phase, of) in slo_probe_core::gputrace::PHASES {
-            let mut v: Vec<u64> = p.iterations.iter().map(of).collect();
-            v.sort_unstable();
-            for quantile in [0.5, 0.99] {
+        for ((phase, _), q) in slo_probe_core::gputrace::PHASES.iter().zip(&st.phases) {
+            for (k, quantile) in [0.5, 0.99].into_iter().enumerate() {
                 let _ = writeln!(
                     out,
                     "slo_probe_iteration_phase_seconds{{{},phase=\"{phase}\",quantile=\"{quantile}\"}} {}",
                     proc_labels(p),
-                    q(&v, quantile)
+                    secs(q[k])
                 );
             }
         }
-        // A median of per-iteration ratios: warm-up iterations (compilation) last seconds and
-        // would swamp a ratio of sums.
-        let mut busy: Vec<f64> = p
-            .iterations
-            .iter()
-            .map(|i| i.gpu_busy_ns as f64 / i.wall_ns().max(1) as f64)
-            .collect();
-        busy.sort_by(f64::total_cmp);
         let _ = writeln!(
             out,
             "slo_probe_iteration_gpu_busy_ratio{{{}}} {}",
             proc_labels(p),
-            busy[busy.len() / 2]
+            st.gpu_busy_ratio_p50
         );
     }
 }
 
 /// The node's straggler view: jobs with two or more ranks here.
-fn render_stragglers(out: &mut String, shims: &[ShimProcess]) {
-    let views = slo_probe_core::straggler::stragglers(shims);
+fn render_stragglers(out: &mut String, views: &[RankView]) {
     header(
         out,
         "slo_probe_straggler_score",
@@ -712,7 +700,7 @@ fn render_stragglers(out: &mut String, shims: &[ShimProcess]) {
          all-reduce) or host_delay (run-queue delay of its main, loader and communication \
          threads plus cgroup throttling, ms/s, floor 1 ms/s).",
     );
-    for v in &views {
+    for v in views {
         let labels = format!(
             "pid=\"{}\",rank=\"{}\",job_id=\"{}\"",
             v.pid,
@@ -739,7 +727,7 @@ fn render_stragglers(out: &mut String, shims: &[ShimProcess]) {
         "1 for the rank named the straggler of its job on this node, with its cause: an SLO host \
          node (host.runqueue.main, ...) or a GPU phase (compute, memory, host_wait, launch_gaps).",
     );
-    for v in &views {
+    for v in views {
         if let Some(cause) = &v.straggler {
             let _ = writeln!(
                 out,

@@ -5,8 +5,8 @@
 use std::fmt::Write as _;
 
 use slo_probe_core::{
-    gputrace::ShimProcess,
     slo::{NodeState, Severity},
+    snapshot::ProcessSnapshot,
 };
 
 use super::{escape, header, proc_labels};
@@ -21,7 +21,7 @@ const STATES: [NodeState; 5] = [
 ];
 
 /// Renders the `slo_probe_slo_*` and `slo_probe_attribution_*` families.
-pub fn render_slo(out: &mut String, shims: &[ShimProcess]) {
+pub fn render_slo(out: &mut String, shims: &[ProcessSnapshot]) {
     let trees: Vec<_> = shims
         .iter()
         .filter_map(|p| p.slo.as_ref().map(|s| (proc_labels(p), s)))
@@ -232,39 +232,17 @@ pub fn render_slo(out: &mut String, shims: &[ShimProcess]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use slo_probe_core::{
-        slo::SloEngine,
-        synth::{case, generate},
-    };
+    use slo_probe_core::synth::{case, drive, generate, test_spec};
 
-    /// A generated job whose all-reduce slows down, through the engine, rendered.
+    /// A generated job whose all-reduce slows down, through the pipeline, rendered.
     #[test]
     fn renders_the_tree_and_the_attribution() {
-        let c = case("comm_jitter", 5);
-        let t = generate(&c);
-        let mut asm = slo_probe_core::gputrace::TraceAssembler::new();
-        for r in slo_probe_common::RecordIter::new(&t.records).flatten() {
-            asm.push(&r);
-        }
-        let mut its = asm.take_iterations(0, 0, true);
-        its.sort_by_key(|i| i.end_ns);
-        let mut e = SloEngine::new(slo_probe_core::synth::test_spec()).expect("spec");
-        let mut next = 0;
-        for h in &t.host {
-            while next < its.len() && its[next].end_ns <= h.at_ns {
-                e.push_iteration(&its[next]);
-                next += 1;
-            }
-            e.push_host(h.clone());
-            e.advance(h.at_ns);
-        }
-        let shim = ShimProcess {
-            pid: 42,
-            rank: Some(3),
-            job_id: Some("llama".into()),
-            slo: Some(e.snapshot()),
-            ..Default::default()
-        };
+        let mut p = drive(&generate(&case("comm_jitter", 5)), &test_spec());
+        let info = p.info_mut();
+        info.pid = 42;
+        info.rank = Some(3);
+        info.job_id = Some("llama".into());
+        let shim = p.snapshot();
         let mut out = String::new();
         render_slo(&mut out, &[shim]);
         assert!(

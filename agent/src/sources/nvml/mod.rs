@@ -829,7 +829,7 @@ impl Drop for NvmlThread {
 fn sample_into(sampler: &Mutex<NvmlSampler>, history: &Mutex<GpuHistory>) -> Option<GpuSnapshot> {
     // One sampler at a time, so snapshots enter the history in clock order.
     let mut s = sampler.lock().ok()?;
-    let snap = s.sample(crate::collector::monotonic_ns());
+    let snap = s.sample(slo_probe_common::host::monotonic_ns());
     history.lock().ok()?.push(snap.clone());
     Some(snap)
 }

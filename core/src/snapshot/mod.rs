@@ -1,5 +1,12 @@
-//! The immutable snapshot the core publishes once per tick: exporters, `top` and the healer read
-//! it and never the sources directly.
+//! The immutable snapshot the agent publishes once per tick: exporters, `observe`, the state API,
+//! `top` and the healer read it and never the sources. Views derived from several sources
+//! (stragglers) are computed once, when it is made ([`Snapshot::derive`]); per-process
+//! statistics come with each process ([`process::IterationStats`]); iteration histories are
+//! shared, not copied.
+
+pub mod process;
+
+pub use process::{IterationHistory, IterationStats, OpSummary, ProcessSnapshot};
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -9,7 +16,9 @@ use crate::{
     cgroup::{CgroupRow, PressureRow},
     gpu::GpuSnapshot,
     net::NetSnapshot,
-    threads::{comm_to_string, ThreadsSnapshot},
+    roles::comm_to_string,
+    straggler::{stragglers, RankView},
+    threads::ThreadsSnapshot,
 };
 
 /// State of one probe family.
@@ -135,8 +144,10 @@ pub struct Snapshot {
     pub cgroups: Vec<CgroupRow>,
     /// System-wide pressure stall information (empty where the kernel has no PSI).
     pub pressure: Vec<PressureRow>,
-    /// Training processes with a CUPTI shim: GPU activity and iterations.
-    pub shims: Vec<crate::gputrace::ShimProcess>,
+    /// Training processes with a CUPTI shim: GPU activity, iterations, SLO tree.
+    pub processes: Vec<ProcessSnapshot>,
+    /// The straggler view of every job with two or more ranks here (see [`Snapshot::derive`]).
+    pub stragglers: Vec<RankView>,
     /// Kernel-side drop and error counters, indexed by [`Counter`], plus the agent's own
     /// decode errors in [`Counter::DecodeFailed`].
     pub counters: [u64; Counter::COUNT as usize],
@@ -146,6 +157,20 @@ pub struct Snapshot {
     pub agent: AgentStats,
     /// GPU metrics from NVML (`None` where no NVIDIA driver or GPU is present).
     pub gpus: Option<GpuSnapshot>,
+}
+
+impl Snapshot {
+    /// Computes the views derived from several sources (once per tick, by whoever makes the
+    /// snapshot).
+    pub fn derive(mut self) -> Self {
+        self.stragglers = stragglers(&self.processes);
+        self
+    }
+
+    /// A training process by pid.
+    pub fn process(&self, pid: u32) -> Option<&ProcessSnapshot> {
+        self.processes.iter().find(|p| p.pid == pid)
+    }
 }
 
 #[cfg(test)]

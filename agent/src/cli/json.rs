@@ -1,0 +1,187 @@
+//! `--json` of `observe` and `replay`: per training process its shim's counters, every
+//! iteration and the SLO tree; per role what the host did.
+
+use slo_probe_core::snapshot::ProcessSnapshot;
+
+use super::observe::Observation;
+
+/// One process's shim counters and iterations as JSON.
+pub fn shim_json(p: &ProcessSnapshot) -> serde_json::Value {
+    use serde_json::json;
+    json!({
+        "pid": p.pid,
+        "connected": p.connected,
+        "status": p.status,
+        "cupti_version": p.cupti_version,
+        "records": p.records,
+        "dropped": p.dropped,
+        "cupti_dropped": p.cupti_dropped,
+        "corrupt_bytes": p.corrupt_bytes,
+        "decode_failed": p.decode_failed,
+        "late": p.late,
+        "seen": {
+            "kernels": p.seen[0], "graphs": p.seen[1], "memory": p.seen[2],
+            "graph_nodes": p.seen[3], "strings": p.seen[4], "steps": p.seen[5],
+        },
+        "slo": p.slo.as_deref().map(slo_json),
+        "graph_ops": p.graph_ops.iter().map(|(g, ops)| (g.to_string(), json!(ops)))
+            .collect::<serde_json::Map<_, _>>(),
+        "iterations": p.iterations.iter().map(|i| json!({
+            "step": i.step,
+            "marked": i.marked,
+            "start_ns": i.start_ns,
+            "end_ns": i.end_ns,
+            "wall_ns": i.wall_ns(),
+            "gpu_busy_ns": i.gpu_busy_ns,
+            "gpu_span_ns": i.gpu_span_ns(),
+            "kernels": i.kernels,
+            "graph_launches": i.graph_launches,
+            "memory_ops": i.memory_ops,
+            "idle_before_first_ns": i.idle_before_first_ns,
+            "occupancy": i.occupancy,
+            "launch_latency_p50_ns": i.launch_latency_ns(0.5),
+            "launch_latency_p99_ns": i.launch_latency_ns(0.99),
+            "ops": i.ops.iter().take(20).map(|o| json!({
+                "op": &*o.op, "kind": o.kind.as_str(), "gpu_ns": o.gpu_ns,
+                "kernels": o.kernels, "occupancy": o.occupancy, "gap_ns": o.gap_ns,
+                "launch_latency_ns": o.launch_latency_ns, "bytes": o.bytes,
+            })).collect::<Vec<_>>(),
+            "device": i.device,
+            "gpu": i.gpu.as_ref().map(iteration_gpu_json),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// The SLO tree and violations as JSON.
+pub fn slo_json(s: &slo_probe_core::slo::SloSnapshot) -> serde_json::Value {
+    use serde_json::json;
+    let nodes: Vec<_> = s
+        .nodes
+        .iter()
+        .map(|n| {
+            json!({
+                "name": n.name,
+                "parent": n.parent,
+                "metric": n.metric.map(|m| m.as_str()),
+                "stat": n.stat.map(|m| m.as_str()),
+                "unit": n.unit,
+                "weight": n.weight,
+                "value": n.value,
+                "threshold": n.threshold.map(|t| t.0),
+                "threshold_source": n.threshold.map(|t| t.1.as_str()),
+                "baseline": n.baseline,
+                "compliance": n.compliance,
+                "burn_rate": n.burn_rate,
+                "state": n.state.as_str(),
+                "windows": n.windows,
+                "violations": n.violations,
+            })
+        })
+        .collect();
+    let violations: Vec<_> = s.violations.iter().map(violation_json).collect();
+    json!({
+        "windows": s.windows,
+        "window_ns": s.window_ns,
+        "iterations": s.iterations,
+        "learning": s.learning,
+        "nodes": nodes,
+        "violations": violations,
+    })
+}
+
+fn violation_json(v: &slo_probe_core::slo::Violation) -> serde_json::Value {
+    use serde_json::json;
+    let causes = v.attribution.as_ref().map(|a| {
+        a.causes
+            .iter()
+            .map(|c| {
+                json!({
+                    "op": c.op,
+                    "dimension": c.dimension.as_str(),
+                    "delta_ns": c.delta_ns,
+                    "detail": c.detail,
+                })
+            })
+            .collect::<Vec<_>>()
+    });
+    let host = v
+        .attribution
+        .as_ref()
+        .map(|a| a.host.iter().map(|h| h.what.clone()).collect::<Vec<_>>());
+    json!({
+        "id": v.id,
+        "node": v.node,
+        "severity": v.severity.as_str(),
+        "since_ns": v.since_ns,
+        "opened_ns": v.opened_ns,
+        "closed_ns": v.closed_ns,
+        "value": v.value,
+        "threshold": v.threshold,
+        "baseline": v.baseline,
+        "chain": v.chain,
+        "causes": causes,
+        "host_causes": host,
+    })
+}
+
+fn iteration_gpu_json(g: &slo_probe_core::gpu::IterationGpu) -> serde_json::Value {
+    serde_json::json!({
+        "nvml_index": g.index,
+        "samples": g.samples,
+        "covered_ns": g.covered_ns,
+        "gpu_util_percent": g.gpu_util_percent,
+        "sm_clock_mhz": g.sm_clock_mhz,
+        "memory_clock_mhz": g.memory_clock_mhz,
+        "power_watts": g.power_watts,
+        "memory_used_bytes": g.memory_used_bytes,
+        "sm_occupancy_percent": g.sm_occupancy_percent,
+        "sm_util_percent": g.sm_util_percent,
+        "dram_bw_util_percent": g.dram_bw_util_percent,
+        "tensor_util_percent": g.tensor_util_percent,
+        "pcie_bytes_per_sec": g.pcie_bytes_per_sec,
+        "nvlink_bytes_per_sec": g.nvlink_bytes_per_sec,
+    })
+}
+
+/// The observation as JSON (for scripts): per process of the job, the shim's counters and every
+/// iteration, and the host view by role.
+pub fn json(obs: &Observation, command: &str) -> serde_json::Value {
+    use serde_json::json;
+    let s = &obs.snapshot;
+    let shims: Vec<_> = s
+        .processes
+        .iter()
+        .filter(|p| obs.pids.contains(&p.pid))
+        .map(shim_json)
+        .collect();
+    let roles: serde_json::Map<String, serde_json::Value> = s
+        .threads
+        .as_ref()
+        .map(|t| {
+            t.by_role(Some(&obs.pids))
+                .into_iter()
+                .map(|(r, c)| {
+                    (
+                        r.as_str().to_owned(),
+                        json!({
+                            "runq_waits": c.runq.count,
+                            "runq_ns": c.runq.total_ns,
+                            "offcpu_voluntary_ns": c.offcpu_voluntary_ns,
+                            "offcpu_involuntary_ns": c.offcpu_involuntary_ns,
+                            "tcp_sent_bytes": c.tcp_sent_bytes,
+                            "tcp_recv_bytes": c.tcp_recv_bytes,
+                        }),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    json!({
+        "command": command,
+        "elapsed_s": obs.elapsed.as_secs_f64(),
+        "exit_code": obs.exit.and_then(|e| e.code()),
+        "pids": obs.pids.iter().collect::<Vec<_>>(),
+        "roles": roles,
+        "gpu": shims,
+    })
+}

@@ -1,0 +1,619 @@
+//! The per-process GPU pipeline, the one path from a training process's records to what a
+//! snapshot shows of it: decoded records → iteration assembly ([`TraceAssembler`]) → what NVML
+//! saw on the GPU while each iteration ran ([`GpuHistory`]) → SLO windows, violations and
+//! attribution ([`SloEngine`]) → a [`ProcessSnapshot`]. The live agent, `replay`, the
+//! known-answer runs, the benches and the tests all drive it; nothing else wires these stages.
+//!
+//! Time only moves when the caller says so ([`ProcessPipeline::advance`] with the current
+//! CLOCK_MONOTONIC time): an iteration completes once it ended [`PipelineSettings::settle_ns`]
+//! ago (CUPTI delivers records in buffers), and windows close [`PipelineSettings::lag_ns`]
+//! behind now (they need the iterations and a host sample after their end).
+//! [`ProcessPipeline::finish`] completes everything (the process is gone, or a recording ended).
+//!
+//! [`Pipelines`] holds one pipeline per training process: sources push records and host samples
+//! into it, the tick driver advances it and reads the snapshots, and processes that ended are
+//! retired after a retention time.
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use slo_probe_common::{decode, AnyRecord};
+
+use crate::{
+    gpu::GpuHistory,
+    gputrace::{Iteration, TraceAssembler},
+    host::HostSample,
+    occupancy::SmLimits,
+    slo::{SloEngine, SloSpec, SloSpecError},
+    snapshot::{IterationHistory, ProcessSnapshot},
+};
+
+/// How long after its end an iteration waits for its GPU records, ns: CUPTI hands records over
+/// in buffers, flushed by the shim every 200 ms.
+pub const SETTLE_NS: u64 = 1_500_000_000;
+
+/// Iterations a live pipeline keeps for snapshots.
+pub const KEEP_ITERATIONS: usize = 512;
+
+/// How long a completed iteration waits for an NVML sample after its end, ns, before it is
+/// published without one.
+pub const NVML_WAIT_NS: u64 = 2_000_000_000;
+
+/// How SLO windows are laid out.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Windows {
+    /// The spec as given (the live agent).
+    Fixed,
+    /// Fitted to a recording when its iterations are first completed: windows of the given
+    /// length in ms, or by default a fifteenth of the iterations' span (100 ms to 10 s), with
+    /// 3 learning windows when there are fewer than 30 windows (6 otherwise), so that
+    /// baselines are learned within the recording.
+    FitToRecording(Option<u64>),
+}
+
+/// What a pipeline is set up with.
+#[derive(Clone, Debug)]
+pub struct PipelineSettings {
+    /// The SLO tree and its windows.
+    pub slo: SloSpec,
+    /// Whether the windows are fixed or fitted to a recording.
+    pub windows: Windows,
+    /// See [`SETTLE_NS`].
+    pub settle_ns: u64,
+    /// How far behind now windows close, ns.
+    pub lag_ns: u64,
+    /// Iterations kept for snapshots (`None`: all, for a recording).
+    pub keep_iterations: Option<usize>,
+    /// The GPU's per-SM limits, for theoretical occupancy.
+    pub limits: Option<SmLimits>,
+    /// Leave step markers out and detect iterations from the kernel sequence.
+    pub ignore_markers: bool,
+}
+
+impl PipelineSettings {
+    /// The live agent's: `spec`, windows closing a settle time plus one `tick` behind now.
+    pub fn live(spec: SloSpec, tick_ns: u64) -> Self {
+        Self {
+            slo: spec,
+            windows: Windows::Fixed,
+            settle_ns: SETTLE_NS,
+            lag_ns: SETTLE_NS + tick_ns,
+            keep_iterations: Some(KEEP_ITERATIONS),
+            limits: None,
+            ignore_markers: false,
+        }
+    }
+
+    /// A recording's: every iteration kept, windows fitted to it (see
+    /// [`Windows::FitToRecording`]), nothing waits (the recording is complete).
+    pub fn recording(window_ms: Option<u64>) -> Self {
+        Self {
+            slo: SloSpec::default(),
+            windows: Windows::FitToRecording(window_ms),
+            settle_ns: 0,
+            lag_ns: 0,
+            keep_iterations: None,
+            limits: None,
+            ignore_markers: false,
+        }
+    }
+}
+
+/// The spec fitted to iterations ending from `first` to `last` ns (see
+/// [`Windows::FitToRecording`]).
+pub fn fitted_spec(base: &SloSpec, first: u64, last: u64, window_ms: Option<u64>) -> SloSpec {
+    let window_ms =
+        window_ms.unwrap_or_else(|| ((last - first) / 1_000_000 / 15).clamp(100, 10_000));
+    let windows = (last - first) / 1_000_000 / window_ms.max(1);
+    SloSpec {
+        window_ms,
+        learn_windows: if windows < 30 { 3 } else { 6 },
+        ..base.clone()
+    }
+}
+
+/// One training process's pipeline.
+pub struct ProcessPipeline {
+    settings: PipelineSettings,
+    asm: TraceAssembler,
+    /// `None` until the windows are fitted ([`Windows::FitToRecording`]).
+    engine: Option<SloEngine>,
+    /// Host samples that came before the engine.
+    host_early: Vec<HostSample>,
+    /// Completed iterations waiting for an NVML sample after their end, oldest first.
+    staged: Vec<(u64, Iteration)>,
+    view: ProcessSnapshot,
+    history: IterationHistory,
+    /// The history grew since the view's statistics were computed.
+    stats_stale: bool,
+    /// Windows closed when the view's SLO tree was last refreshed.
+    slo_windows: u64,
+    /// The process is gone and its last window closed: the engine stops (no stall is reported
+    /// for a job that ended).
+    finished: bool,
+    /// Step markers left out ([`PipelineSettings::ignore_markers`]).
+    markers_ignored: u64,
+    /// Records that did not decode.
+    decode_failed: u64,
+    /// CLOCK_MONOTONIC ns of the last advance.
+    now_ns: u64,
+}
+
+impl ProcessPipeline {
+    /// A pipeline for process `pid`. Refuses an invalid SLO spec.
+    pub fn new(pid: u32, settings: PipelineSettings) -> Result<Self, SloSpecError> {
+        let engine = match settings.windows {
+            Windows::Fixed => Some(SloEngine::new(settings.slo.clone())?),
+            Windows::FitToRecording(_) => {
+                settings.slo.validate()?;
+                None
+            }
+        };
+        let mut asm = TraceAssembler::new();
+        asm.set_limits(settings.limits);
+        Ok(Self {
+            settings,
+            asm,
+            engine,
+            host_early: Vec::new(),
+            staged: Vec::new(),
+            view: ProcessSnapshot {
+                pid,
+                ..Default::default()
+            },
+            history: IterationHistory::default(),
+            stats_stale: false,
+            slo_windows: 0,
+            finished: false,
+            markers_ignored: 0,
+            decode_failed: 0,
+            now_ns: 0,
+        })
+    }
+
+    /// The process's identity and its shim's transport counters, to fill in by the source.
+    pub fn info_mut(&mut self) -> &mut ProcessSnapshot {
+        &mut self.view
+    }
+
+    /// Sets the GPU's per-SM limits, for theoretical occupancy of the kernels that follow.
+    pub fn set_limits(&mut self, limits: Option<SmLimits>) {
+        self.settings.limits = limits;
+        self.asm.set_limits(limits);
+    }
+
+    /// Takes one decoded record.
+    pub fn push(&mut self, r: &AnyRecord<'_>) {
+        if self.settings.ignore_markers && matches!(r, AnyRecord::Step(_)) {
+            self.markers_ignored += 1;
+            return;
+        }
+        self.asm.push(r);
+    }
+
+    /// Decodes one framed record and takes it; a record that does not decode is counted.
+    pub fn push_bytes(&mut self, bytes: &[u8]) {
+        match decode(bytes) {
+            Ok((r, _)) => self.push(&r),
+            Err(_) => self.decode_failed += 1,
+        }
+    }
+
+    /// Takes a host sample of the process's part of the job (cumulative counters, in time
+    /// order).
+    pub fn push_host(&mut self, s: HostSample) {
+        match &mut self.engine {
+            Some(e) => e.push_host(s),
+            None if self.host_early.len() < 4096 => self.host_early.push(s),
+            None => {}
+        }
+    }
+
+    /// Moves time to `now_ns`: completes the iterations that settled, gives them what NVML saw
+    /// (`gpu`), feeds them to the SLO engine and closes the windows that ended. `connected`:
+    /// whether the process is still there; once it is not, everything it sent is completed
+    /// and its last window closed (see [`ProcessPipeline::finish`]).
+    pub fn advance(&mut self, now_ns: u64, gpu: Option<&GpuHistory>, connected: bool) {
+        if !connected {
+            self.finish(gpu);
+            return;
+        }
+        self.now_ns = self.now_ns.max(now_ns);
+        let done = self
+            .asm
+            .take_iterations(now_ns, self.settings.settle_ns, false);
+        let horizon = now_ns.saturating_sub(self.settings.lag_ns);
+        self.complete(done, horizon);
+        if !self.finished {
+            if let Some(e) = &mut self.engine {
+                e.advance(horizon);
+            }
+        }
+        self.publish(gpu, false);
+        self.refresh();
+    }
+
+    /// Completes everything: pending iterations (the process is gone, or a recording ended),
+    /// and the window of the last iteration. Later advances do not move the engine.
+    pub fn finish(&mut self, gpu: Option<&GpuHistory>) {
+        let done = self.asm.take_iterations(0, 0, true);
+        self.complete(done, u64::MAX);
+        if !self.finished {
+            if let Some(e) = &mut self.engine {
+                let last = self.view.iterations.last().map_or(0, |i| i.end_ns);
+                let staged_last = self.staged.iter().map(|(_, i)| i.end_ns).max();
+                let last = staged_last.map_or(last, |s| s.max(last));
+                e.advance(last + e.spec().window_ns());
+            }
+            self.finished = true;
+        }
+        self.publish(gpu, true);
+        self.refresh();
+    }
+
+    /// Whether [`ProcessPipeline::finish`] ran.
+    pub fn finished(&self) -> bool {
+        self.finished
+    }
+
+    /// The process is back (its shim registered again): the engine moves with time again.
+    pub fn resume(&mut self) {
+        self.finished = false;
+    }
+
+    /// Feeds completed iterations to the engine in the order they ended, closing windows up to
+    /// each one's end (at most `horizon`), and stages them for NVML.
+    fn complete(&mut self, done: Vec<Iteration>, horizon: u64) {
+        if done.is_empty() {
+            return;
+        }
+        if self.engine.is_none() {
+            if let Windows::FitToRecording(window_ms) = self.settings.windows {
+                let first = done.iter().map(|i| i.end_ns).min().unwrap_or(0);
+                let last = done.iter().map(|i| i.end_ns).max().unwrap_or(0);
+                let spec = fitted_spec(&self.settings.slo, first, last, window_ms);
+                // The base spec was validated; a fitted window is within the valid range.
+                if let Ok(mut e) = SloEngine::new(spec) {
+                    for s in self.host_early.drain(..) {
+                        e.push_host(s);
+                    }
+                    self.engine = Some(e);
+                }
+            }
+        }
+        if !self.finished {
+            if let Some(e) = &mut self.engine {
+                let mut order: Vec<&Iteration> = done.iter().collect();
+                order.sort_by_key(|i| i.end_ns);
+                for i in order {
+                    e.push_iteration(i);
+                    e.advance(i.end_ns.min(horizon));
+                }
+            }
+        }
+        self.view.iterations_total += done.len() as u64;
+        let at = self.now_ns;
+        self.staged.extend(done.into_iter().map(|i| (at, i)));
+    }
+
+    /// Moves staged iterations into the history once NVML has a sample after their end (or
+    /// never will: no NVML, an unknown device, waited too long, `flush`).
+    fn publish(&mut self, gpu: Option<&GpuHistory>, flush: bool) {
+        if self.staged.is_empty() {
+            return;
+        }
+        let latest = gpu.and_then(|h| h.latest()).map(|s| s.taken_at_ns);
+        let now = self.now_ns;
+        let mut ready = 0;
+        for (at, it) in self.staged.iter_mut() {
+            if let (Some(h), Some(dev), None) = (gpu, it.device, &it.gpu) {
+                it.gpu = h.align(dev, it.gpu_start_ns, it.gpu_end_ns);
+            }
+            let settled = gpu.is_none()
+                || it.gpu.is_some()
+                || it.device.is_none()
+                || latest.is_some_and(|l| l >= it.gpu_end_ns)
+                || now.saturating_sub(*at) >= NVML_WAIT_NS
+                || flush;
+            if !settled {
+                break;
+            }
+            ready += 1;
+        }
+        if ready == 0 {
+            return;
+        }
+        let its: Vec<Iteration> = self.staged.drain(..ready).map(|(_, i)| i).collect();
+        self.history.push(its, self.settings.keep_iterations);
+        self.stats_stale = true;
+    }
+
+    /// Refreshes the view's assembler counters and SLO tree.
+    fn refresh(&mut self) {
+        let v = &mut self.view;
+        v.seen = self.asm.seen;
+        v.late = self.asm.late;
+        v.ops_overflowed = self.asm.ops_overflowed();
+        v.strings_dropped = self.asm.strings_dropped;
+        v.decode_failed = self.decode_failed;
+        if let Some(g) = self.asm.graph_ops() {
+            v.graph_ops = Arc::new(g);
+        }
+        if let Some(e) = &self.engine {
+            let windows = e.snapshot_windows();
+            if windows != self.slo_windows || v.slo.is_none() && (windows > 0 || self.finished) {
+                self.slo_windows = windows;
+                v.slo = Some(Arc::new(e.snapshot()));
+            }
+        }
+    }
+
+    /// What a snapshot shows of the process now: shares the history, and computes its
+    /// statistics when it changed (once per tick in the agent, not per record batch).
+    pub fn snapshot(&mut self) -> ProcessSnapshot {
+        if std::mem::take(&mut self.stats_stale) {
+            self.view.set_iterations(self.history.clone());
+        }
+        self.view.clone()
+    }
+
+    /// Step markers left out so far.
+    pub fn markers_ignored(&self) -> u64 {
+        self.markers_ignored
+    }
+
+    /// The SLO engine, once it exists.
+    pub fn engine(&self) -> Option<&SloEngine> {
+        self.engine.as_ref()
+    }
+}
+
+/// One pipeline per training process, and the settings new ones get.
+pub struct Pipelines {
+    settings: PipelineSettings,
+    procs: BTreeMap<u32, ProcessPipeline>,
+    /// When each finished process finished, ns.
+    finished_at: BTreeMap<u32, u64>,
+    now_ns: u64,
+}
+
+impl Pipelines {
+    /// No process yet; new ones get `settings` (validated here).
+    pub fn new(settings: PipelineSettings) -> Result<Self, SloSpecError> {
+        settings.slo.validate()?;
+        Ok(Self {
+            settings,
+            procs: BTreeMap::new(),
+            finished_at: BTreeMap::new(),
+            now_ns: 0,
+        })
+    }
+
+    /// Sets the GPU's per-SM limits for every process, now and later.
+    pub fn set_limits(&mut self, limits: Option<SmLimits>) {
+        self.settings.limits = limits;
+        for p in self.procs.values_mut() {
+            p.set_limits(limits);
+        }
+    }
+
+    /// The pipeline of `pid`, made on first sight. A process that comes back (a shim that
+    /// registers again) continues where it was.
+    pub fn open(&mut self, pid: u32) -> &mut ProcessPipeline {
+        self.finished_at.remove(&pid);
+        let settings = &self.settings;
+        let p = self.procs.entry(pid).or_insert_with(|| {
+            // The settings were validated in `new`.
+            ProcessPipeline::new(pid, settings.clone())
+                .unwrap_or_else(|_| unreachable_spec(pid, settings))
+        });
+        p.resume();
+        p
+    }
+
+    /// The pipeline of `pid`, if it exists.
+    pub fn get_mut(&mut self, pid: u32) -> Option<&mut ProcessPipeline> {
+        self.procs.get_mut(&pid)
+    }
+
+    /// Process ids with a pipeline.
+    pub fn pids(&self) -> Vec<u32> {
+        self.procs.keys().copied().collect()
+    }
+
+    /// Hands a host sample to the pipeline of `pid`, if it exists.
+    pub fn push_host(&mut self, pid: u32, s: HostSample) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.push_host(s);
+        }
+    }
+
+    /// Advances every pipeline to `now_ns`; `connected(pid)` says which processes are still
+    /// there.
+    pub fn advance(
+        &mut self,
+        now_ns: u64,
+        gpu: Option<&GpuHistory>,
+        connected: impl Fn(u32) -> bool,
+    ) {
+        self.now_ns = self.now_ns.max(now_ns);
+        for (&pid, p) in self.procs.iter_mut() {
+            let was = p.finished();
+            p.advance(now_ns, gpu, connected(pid));
+            if p.finished() && !was {
+                self.finished_at.insert(pid, now_ns);
+            }
+        }
+    }
+
+    /// Finishes every pipeline (the end of `observe`).
+    pub fn finish(&mut self, gpu: Option<&GpuHistory>) {
+        for (&pid, p) in self.procs.iter_mut() {
+            p.finish(gpu);
+            self.finished_at.entry(pid).or_insert(self.now_ns);
+        }
+    }
+
+    /// Drops the pipelines of processes that finished at least `retention_ns` ago; returns
+    /// their pids.
+    pub fn retire(&mut self, retention_ns: u64) -> Vec<u32> {
+        let now = self.now_ns;
+        let gone: Vec<u32> = self
+            .finished_at
+            .iter()
+            .filter(|(_, &at)| now.saturating_sub(at) >= retention_ns)
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in &gone {
+            self.finished_at.remove(pid);
+            self.procs.remove(pid);
+        }
+        gone
+    }
+
+    /// Every process as a snapshot shows it, by pid.
+    pub fn snapshot(&mut self) -> Vec<ProcessSnapshot> {
+        self.procs
+            .values_mut()
+            .map(ProcessPipeline::snapshot)
+            .collect()
+    }
+}
+
+#[cold]
+fn unreachable_spec(pid: u32, settings: &PipelineSettings) -> ProcessPipeline {
+    // `Pipelines::new` validated the spec, so this cannot fail; fall back to the default tree
+    // rather than panic in the agent.
+    let mut s = settings.clone();
+    s.slo = SloSpec::default();
+    ProcessPipeline::new(pid, s).unwrap_or_else(|e| panic!("the default SLO spec is valid: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use slo_probe_common::{
+        gpu::{STEP_BEGIN, STEP_END},
+        GpuKernelRecord, RecordHeader, StepRecord,
+    };
+
+    const MS: u64 = 1_000_000;
+
+    fn step(n: u64, ts: u64, phase: u32) -> AnyRecord<'static> {
+        AnyRecord::Step(StepRecord {
+            header: RecordHeader::of::<StepRecord>(),
+            step: n,
+            ts_ns: ts,
+            tid: 1,
+            phase,
+        })
+    }
+
+    fn kernel(start: u64, dur: u64) -> AnyRecord<'static> {
+        AnyRecord::GpuKernel(GpuKernelRecord {
+            header: RecordHeader::of::<GpuKernelRecord>(),
+            start_ns: start,
+            end_ns: start + dur,
+            launch_ns: start.saturating_sub(10_000),
+            graph_node_id: 0,
+            correlation_id: 0,
+            device_id: 0,
+            context_id: 1,
+            stream_id: 7,
+            graph_id: 0,
+            grid: [1, 1, 1],
+            block: [128, 1, 1],
+            registers: 32,
+            static_smem: 0,
+            dynamic_smem: 0,
+            name_id: 1,
+            op_id: 0,
+            launch_tid: 1,
+            flags: 0,
+        })
+    }
+
+    /// `n` steps of `wall` ms from `from` ms, one kernel each.
+    fn feed(p: &mut ProcessPipeline, from: u64, n: u64, wall: u64) -> u64 {
+        let mut t = from * MS;
+        for k in 0..n {
+            p.push(&step(k + from, t, STEP_BEGIN));
+            p.push(&kernel(t + MS / 10, wall * MS / 2));
+            t += wall * MS;
+            p.push(&step(k + from, t, STEP_END));
+        }
+        t
+    }
+
+    fn live() -> PipelineSettings {
+        PipelineSettings::live(
+            SloSpec {
+                window_ms: 1000,
+                learn_windows: 3,
+                warmup_iterations: 0,
+                ..SloSpec::default()
+            },
+            100 * MS,
+        )
+    }
+
+    #[test]
+    fn iterations_wait_for_the_settle_time_and_windows_for_the_lag() {
+        let mut p = ProcessPipeline::new(7, live()).expect("spec");
+        let end = feed(&mut p, 0, 100, 10); // 1 s of 10 ms steps
+        p.advance(end, None, true);
+        assert_eq!(p.snapshot().iterations.len(), 0, "not settled yet");
+        p.advance(end + SETTLE_NS, None, true);
+        let s = p.snapshot();
+        assert_eq!(s.iterations.len(), 100);
+        assert_eq!(s.iterations_total, 100);
+        let stats = s.stats.expect("stats");
+        assert_eq!(stats.wall_ns, [10 * MS, 10 * MS]);
+        // Windows close a settle time plus a tick behind now: none yet at end + settle.
+        assert!(s.slo.as_ref().is_none_or(|t| t.windows == 0));
+        p.advance(end + SETTLE_NS + 100 * MS, None, true);
+        assert_eq!(p.snapshot().slo.expect("slo").windows, 1);
+    }
+
+    #[test]
+    fn a_gone_process_is_finished_once_and_retired_later() {
+        let mut ps = Pipelines::new(live()).expect("spec");
+        let end = feed(ps.open(3), 0, 50, 10);
+        ps.advance(end, None, |_| false);
+        let s = ps.snapshot();
+        assert_eq!(s.len(), 1);
+        assert_eq!(
+            s[0].iterations.len(),
+            50,
+            "a finished process completes everything"
+        );
+        assert!(s[0].slo.is_some());
+        assert!(ps.retire(10 * MS).is_empty(), "retained for a while");
+        ps.advance(end + 20 * MS, None, |_| false);
+        assert_eq!(ps.retire(10 * MS), vec![3]);
+        assert!(ps.snapshot().is_empty());
+    }
+
+    #[test]
+    fn a_recording_fits_its_windows_and_keeps_every_iteration() {
+        let mut p = ProcessPipeline::new(0, PipelineSettings::recording(None)).expect("spec");
+        feed(&mut p, 0, 1500, 10); // 15 s
+        p.finish(None);
+        let s = p.snapshot();
+        assert_eq!(s.iterations.len(), 1500);
+        let slo = s.slo.expect("slo");
+        assert_eq!(slo.window_ns, 999 * MS, "a fifteenth of the span (14.99 s)");
+        assert!(slo.windows >= 14, "{}", slo.windows);
+        assert!(slo.violations.is_empty());
+    }
+
+    #[test]
+    fn markers_can_be_ignored() {
+        let mut settings = PipelineSettings::recording(None);
+        settings.ignore_markers = true;
+        let mut p = ProcessPipeline::new(0, settings).expect("spec");
+        feed(&mut p, 0, 30, 10);
+        p.finish(None);
+        assert_eq!(p.markers_ignored(), 60);
+        assert!(p.snapshot().iterations.iter().all(|i| !i.marked));
+    }
+}
