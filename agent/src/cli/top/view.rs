@@ -1096,6 +1096,35 @@ mod tests {
     }
 
     #[test]
+    fn the_healer_pane_appears_with_a_healer() {
+        let mut s = sample();
+        s.healer = Some(crate::api::types::Healer {
+            mode: "shadow".into(),
+            state: "verifying".into(),
+            timeline: vec![crate::api::types::HealerEvent {
+                id: 3,
+                kind: "decided".into(),
+                strategy: "deadline-aware".into(),
+                target: "pid 101 main".into(),
+                detail: "would raise priority".into(),
+                ..Default::default()
+            }],
+        });
+        let mut a = App::new(Conn::Live { url: "u".into() });
+        a.apply(Event::Full(Box::new(s)));
+        let wide = render_text(&a, 120, 40);
+        assert!(wide.contains("healer · shadow · verifying"), "{wide}");
+        assert!(wide.contains("deadline-aware"), "{wide}");
+        for _ in 0..6 {
+            a.apply(Event::Action(Action::NextPane));
+        }
+        assert_eq!(a.focus, Pane::Healer);
+        assert!(render_text(&a, 80, 24).contains("would raise priority"));
+        // Without one, no pane and no tab for it.
+        assert!(!render_text(&app(), 120, 40).contains("healer"));
+    }
+
+    #[test]
     fn trends_scale_to_their_range() {
         assert_eq!(trend(&[1, 2, 3, 8], 4), "▁▂▃█");
         assert_eq!(trend(&[5, 5], 4), "▁▁");
