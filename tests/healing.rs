@@ -553,8 +553,8 @@ fn healed(
     let kept = setup
         .events()
         .into_iter()
-        .filter(|(_, e)| matches!(e, Event::Kept { .. }))
-        .last();
+        .rev()
+        .find(|(_, e)| matches!(e, Event::Kept { .. }));
     let dump = |w: &Workload| {
         let text: String = w
             .steps()

@@ -53,10 +53,14 @@ fn unit_of(src: &Path, path: &[String]) -> Option<String> {
 
 /// The source without its `#[cfg(test)] mod tests` block and comments.
 fn code_of(text: &str) -> String {
-    let text = match text.find("#[cfg(test)]\nmod tests") {
-        Some(i) => &text[..i],
-        None => text,
-    };
+    let text = [
+        "#[cfg(test)]\nmod tests",
+        "#[cfg(test)]\npub(crate) mod tests",
+    ]
+    .iter()
+    .filter_map(|m| text.find(m))
+    .min()
+    .map_or(text, |i| &text[..i]);
     text.lines()
         .map(|l| match l.find("//") {
             Some(i) => &l[..i],
@@ -132,7 +136,9 @@ fn paths_in(code: &str) -> Vec<String> {
             let end = tail
                 .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
                 .unwrap_or(tail.len());
-            if !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+            // `super::{a, b}`: a use tree, which the statements above expanded.
+            let tree = tail[end..].starts_with('{');
+            if !tree && !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
                 out.push(tail[..end].trim_end_matches(':').to_owned());
             }
             rest = &rest[i + anchor.len()..];

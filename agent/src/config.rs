@@ -5,7 +5,7 @@
 use std::{net::SocketAddr, path::Path, time::Duration};
 
 use serde::{Deserialize, Serialize};
-use slo_probe_core::{healer, roles};
+use slo_probe_core::{healer as core_healer, roles};
 
 /// The documented default configuration, shipped as `agent/slo-probe.toml`.
 pub const DEFAULT_TOML: &str = include_str!("../slo-probe.toml");
@@ -65,6 +65,10 @@ pub enum ConfigError {
     Heal(#[from] slo_probe_core::healer::HealerConfigError),
 }
 
+/// Where kubelet keeps its CPU manager's state (the healer leaves cpusets alone under a static
+/// policy).
+pub const KUBELET_CPU_MANAGER_STATE: &str = "/var/lib/kubelet/cpu_manager_state";
+
 /// Whether `endpoint` is an OTLP endpoint this build can send to: an `http://` URL with a host
 /// (`https://` needs TLS, which is not compiled in); `Err` says why not.
 pub fn check_otlp_endpoint(endpoint: &str) -> Result<(), &'static str> {
@@ -104,6 +108,8 @@ pub struct Config {
     pub target: TargetConfig,
     /// `[prometheus]`.
     pub prometheus: PrometheusConfig,
+    /// `[api]`: the state API on the Prometheus listener.
+    pub api: ApiConfig,
     /// `[probes]`.
     pub probes: ProbesConfig,
     /// `[shim]`.
@@ -167,45 +173,45 @@ pub struct HealConfig {
     /// prefixes ending in `*`. Default empty (no neighbour is touched).
     pub neighbors: Vec<String>,
     /// kubelet's CPU manager state, to leave pods' cpusets to a static policy. Default
-    /// [`crate::healer::managers::KUBELET_CPU_MANAGER_STATE`].
+    /// [`KUBELET_CPU_MANAGER_STATE`].
     pub kubelet_cpu_manager_state: std::path::PathBuf,
     /// Strategies the healer may choose. Default all but `fcfs-gpu` (always an arm).
     pub enabled: Vec<slo_probe_core::healer::Strategy>,
-    /// Pause after every verdict, s. Default [`healer::DEFAULT_JOB_COOLDOWN_S`].
+    /// Pause after every verdict, s. Default [`core_healer::DEFAULT_JOB_COOLDOWN_S`].
     pub job_cooldown_s: f64,
     /// Cooldown of a strategy after it was rolled back, failed, skipped or released, s. Default
-    /// [`healer::DEFAULT_STRATEGY_COOLDOWN_S`].
+    /// [`core_healer::DEFAULT_STRATEGY_COOLDOWN_S`].
     pub strategy_cooldown_s: f64,
-    /// Actions per job and hour at most. Default [`healer::DEFAULT_MAX_ACTIONS_PER_HOUR`].
+    /// Actions per job and hour at most. Default [`core_healer::DEFAULT_MAX_ACTIONS_PER_HOUR`].
     pub max_actions_per_hour: u32,
     /// A kept strategy is released after the job has been healthy this long, s (0: never).
-    /// Default [`healer::DEFAULT_HOLD_S`].
+    /// Default [`core_healer::DEFAULT_HOLD_S`].
     pub hold_s: f64,
-    /// Iterations per block. Default [`healer::DEFAULT_BLOCK_ITERATIONS`].
+    /// Iterations per block. Default [`core_healer::DEFAULT_BLOCK_ITERATIONS`].
     pub block_iterations: u32,
-    /// Blocks on each side of the final comparison. Default [`healer::DEFAULT_VERIFY_BLOCKS`].
+    /// Blocks on each side of the final comparison. Default [`core_healer::DEFAULT_VERIFY_BLOCKS`].
     pub verify_blocks: u32,
     /// Blocks after an action before the early-rollback check. Default
-    /// [`healer::DEFAULT_EARLY_BLOCKS`].
+    /// [`core_healer::DEFAULT_EARLY_BLOCKS`].
     pub early_blocks: u32,
-    /// Iterations skipped after an action. Default [`healer::DEFAULT_SETTLE_ITERATIONS`].
+    /// Iterations skipped after an action. Default [`core_healer::DEFAULT_SETTLE_ITERATIONS`].
     pub settle_iterations: u32,
-    /// Significance of both stages. Default [`healer::DEFAULT_ALPHA`].
+    /// Significance of both stages. Default [`core_healer::DEFAULT_ALPHA`].
     pub alpha: f64,
     /// Smallest relative improvement that keeps an action. Default
-    /// [`healer::DEFAULT_MIN_EFFECT`].
+    /// [`core_healer::DEFAULT_MIN_EFFECT`].
     pub min_effect: f64,
     /// Smallest relative worsening that rolls back early. Default
-    /// [`healer::DEFAULT_EARLY_MIN_EFFECT`].
+    /// [`core_healer::DEFAULT_EARLY_MIN_EFFECT`].
     pub early_min_effect: f64,
     /// Another guarded SLO node worse by more than this fraction rolls back. Default
-    /// [`healer::DEFAULT_SIDE_EFFECT_BUDGET`].
+    /// [`core_healer::DEFAULT_SIDE_EFFECT_BUDGET`].
     pub side_effect_budget: f64,
-    /// Longest wait for the after window, s. Default [`healer::DEFAULT_VERIFY_TIMEOUT_S`].
+    /// Longest wait for the after window, s. Default [`core_healer::DEFAULT_VERIFY_TIMEOUT_S`].
     pub verify_timeout_s: f64,
-    /// Longest wait for an actuator, s. Default [`healer::DEFAULT_ACT_TIMEOUT_S`].
+    /// Longest wait for an actuator, s. Default [`core_healer::DEFAULT_ACT_TIMEOUT_S`].
     pub act_timeout_s: f64,
-    /// Discount of the tuner's posteriors per update. Default [`healer::DEFAULT_DISCOUNT`].
+    /// Discount of the tuner's posteriors per update. Default [`core_healer::DEFAULT_DISCOUNT`].
     pub discount: f64,
     /// Seed of the tuner's RNG (each job's pid is mixed in). Default 0.
     pub seed: u64,
@@ -227,13 +233,13 @@ pub struct HealConfig {
 
 impl Default for HealConfig {
     fn default() -> Self {
-        let c = healer::HealerConfig::default();
+        let c = core_healer::HealerConfig::default();
         Self {
             mode: HealMode::Shadow,
             journal: DEFAULT_HEAL_JOURNAL.into(),
             jobs_dir: DEFAULT_HEAL_JOBS_DIR.into(),
             neighbors: Vec::new(),
-            kubelet_cpu_manager_state: crate::healer::managers::KUBELET_CPU_MANAGER_STATE.into(),
+            kubelet_cpu_manager_state: KUBELET_CPU_MANAGER_STATE.into(),
             enabled: c.enabled,
             job_cooldown_s: c.job_cooldown_s,
             strategy_cooldown_s: c.strategy_cooldown_s,
@@ -263,11 +269,11 @@ impl Default for HealConfig {
 
 impl HealConfig {
     /// The core healer's settings.
-    pub fn healer_config(&self) -> healer::HealerConfig {
-        healer::HealerConfig {
+    pub fn healer_config(&self) -> core_healer::HealerConfig {
+        core_healer::HealerConfig {
             enabled: self.enabled.clone(),
             policy: if self.policy.is_empty() {
-                healer::policy::default_rules()
+                core_healer::policy::default_rules()
             } else {
                 self.policy.clone()
             },
@@ -286,18 +292,18 @@ impl HealConfig {
             act_timeout_s: self.act_timeout_s,
             hold_s: self.hold_s,
             discount: self.discount,
-            weights: healer::tuner::RewardWeights {
+            weights: core_healer::tuner::RewardWeights {
                 latency: self.reward_latency,
                 throughput: self.reward_throughput,
                 cpu: self.reward_cpu,
             },
-            constraints: healer::tuner::Constraints {
+            constraints: core_healer::tuner::Constraints {
                 gpu_util_drop: self.gpu_util_drop,
                 jitter_rise: self.jitter_rise,
                 jitter_slo_ms: None,
             },
             seed: self.seed,
-            timeline: healer::DEFAULT_TIMELINE,
+            timeline: core_healer::DEFAULT_TIMELINE,
         }
     }
 }
@@ -519,6 +525,27 @@ impl Default for PrometheusConfig {
                 .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 9617))),
             per_thread: true,
             max_connections: DEFAULT_EXPORTED_CONNS,
+        }
+    }
+}
+
+/// Default of `api.allow_writes`: the write endpoints are off.
+pub const DEFAULT_API_ALLOW_WRITES: bool = false;
+
+/// `[api]`: the state API (`/api/v1/snapshot`, `/api/v1/watch`), served on the Prometheus
+/// listener.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiConfig {
+    /// Allow the write endpoints (`POST /api/v1/diagnostic`, `POST /api/v1/heal/undo`); they
+    /// answer 403 otherwise. Default [`DEFAULT_API_ALLOW_WRITES`].
+    pub allow_writes: bool,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            allow_writes: DEFAULT_API_ALLOW_WRITES,
         }
     }
 }

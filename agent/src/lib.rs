@@ -1,10 +1,11 @@
 //! The slo-probe agent: sources (eBPF), the collection loop around `slo-probe-core`, exporters
-//! (Prometheus) and the pieces of the `slo-probe` command line. The binary in `main.rs` only
+//! (Prometheus), the state API and the pieces of the `slo-probe` command line. The binary in `main.rs` only
 //! parses arguments and wires these together, so integration tests use the same code.
 
 // The JSON reports are nested `json!` literals deeper than the default limit.
 #![recursion_limit = "256"]
 
+pub mod api;
 pub mod cli;
 pub mod collector;
 pub mod config;

@@ -44,7 +44,9 @@ fn help_lists_every_command() {
     let out = slo_probe(&["--help"]);
     assert!(out.status.success());
     let help = text(&out.stdout);
-    for cmd in ["agent", "observe", "check", "config"] {
+    for cmd in [
+        "agent", "observe", "run", "top", "replay", "check", "config",
+    ] {
         assert!(help.contains(cmd), "--help lacks {cmd}:\n{help}");
     }
     let out = slo_probe(&["agent", "--help"]);
@@ -52,6 +54,40 @@ fn help_lists_every_command() {
     for flag in ["--config", "--listen", "--no-ebpf"] {
         assert!(help.contains(flag), "agent --help lacks {flag}:\n{help}");
     }
+}
+
+#[test]
+fn top_shows_a_recording_without_an_agent() {
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/gpu/h200-graphs.bin"
+    );
+    let out = slo_probe(&["top", "--replay", fixture, "--once"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let screen = text(&out.stdout);
+    // 120x40 when stdout is not a terminal: every pane at once.
+    assert_eq!(screen.lines().count(), 40, "{screen}");
+    for want in [
+        "slo-probe top",
+        "replay ",
+        "h200-graphs.bin",
+        "SLO tree",
+        "iteration p99",
+        "top operators",
+        "multi_tensor_apply",
+        "graph#",
+        "open violations",
+    ] {
+        assert!(screen.contains(want), "{want}:\n{screen}");
+    }
+    let out = slo_probe(&["top", "--replay", fixture, "--once", "--json"]);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["version"], 1);
+    assert_eq!(v["processes"][0]["iterations"]["total"], 300);
+    let out = slo_probe(&["top", "--json"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("--json needs --once"));
 }
 
 #[test]

@@ -11,6 +11,7 @@ use slo_probe_core::snapshot::Snapshot;
 use tokio::sync::watch;
 
 use crate::{
+    api::{self, Api},
     collector::{self, Collector},
     config::{Config, HealMode},
     exporters::{
@@ -46,6 +47,7 @@ pub fn run(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
     let otlp = check_startup(&config)?;
     crate::tune_allocator();
     let collector = Collector::new(&config, no_ebpf, false)?;
+    let shim_socket = collector.shim().map(|s| s.path().display().to_string());
     if collector.ebpf_up() {
         if config.target.is_set() {
             log::info!(
@@ -72,11 +74,16 @@ pub fn run(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
         if config.prometheus.enabled {
             let server =
                 PrometheusServer::bind(config.prometheus.listen, config.prometheus.per_thread)
-                    .await?;
-            log::info!(
-                "serving Prometheus metrics at http://{}/metrics",
-                server.local_addr()?
-            );
+                    .await?
+                    .with_api(Api::new(api::convert::Context {
+                        host: crate::sources::procfs::hostname(),
+                        shim_socket: shim_socket.clone(),
+                        writes_allowed: config.api.allow_writes,
+                        heal_mode: config.heal.mode.as_str(),
+                    }));
+            let addr = server.local_addr()?;
+            log::info!("serving Prometheus metrics at http://{addr}/metrics");
+            log::info!("serving the state API at http://{addr}/api/v1/snapshot and /api/v1/watch");
             exporters.push(Box::new(server));
         }
         if let Some(settings) = otlp {

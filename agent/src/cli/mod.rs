@@ -1,6 +1,7 @@
 //! The `slo-probe` command line: its arguments, and one function per subcommand. `main.rs` only
 //! parses and calls [`run`]; `agent` is in [`agent`], `observe` in [`observe`], `replay` in
-//! [`replay`]; `check` and `config` are short enough to live here.
+//! [`replay`], `run` in [`mod@run`], `top` in [`top`]; `check` and `config` are short enough to
+//! live here.
 
 pub mod agent;
 pub mod heal;
@@ -8,6 +9,8 @@ pub mod json;
 pub mod observe;
 pub mod replay;
 pub mod report;
+pub mod run;
+pub mod top;
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
@@ -29,9 +32,10 @@ use crate::{
 #[derive(Parser)]
 #[command(version, about, long_about)]
 pub struct Cli {
-    /// Log level: error, warn, info, debug, trace (RUST_LOG overrides).
-    #[arg(long, global = true, default_value = "info")]
-    pub log_level: String,
+    /// Log level: error, warn, info, debug, trace (RUST_LOG overrides). Default: info; warn
+    /// for `run`, whose command's output shares the terminal.
+    #[arg(long, global = true)]
+    pub log_level: Option<String>,
     #[command(subcommand)]
     pub command: Cmd,
 }
@@ -105,6 +109,74 @@ pub enum Cmd {
         window_ms: Option<u64>,
     },
     /// Check what this machine allows (privileges, kernel BTF); exit 1 if the eBPF
+    /// Run a command (a training script, `torchrun ...`) the way `perf record` does: measured
+    /// by the agent already listening at prometheus.listen, or by one started here that follows
+    /// the command's processes; the CUPTI shim injected; its output untouched; its exit status
+    /// returned (a fatal signal re-raised); a report written when it ends, Ctrl-C included.
+    Run {
+        /// TOML configuration file (the agent started here, the shim library, the SLO tree).
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// The report: this file (`.json` added when missing) and a text summary beside it
+        /// (`.txt`). Default: slo-probe-<host>-<n>.json in the current directory, with the
+        /// first free n.
+        #[arg(short, long, value_name = "REPORT")]
+        output: Option<PathBuf>,
+        /// Replace the report named by -o when it exists (else run refuses to start).
+        #[arg(long)]
+        force_overwrite: bool,
+        /// Let the healer act (`on`) or only record what it would do (`shadow`).
+        #[arg(long, value_enum, value_name = "MODE")]
+        heal: Option<run::HealMode>,
+        /// Seconds the command gets after a stop signal (INT, TERM, HUP, QUIT) before it and
+        /// its descendants get SIGKILL.
+        #[arg(long, value_name = "SECONDS", default_value_t = run::DEFAULT_KILL_AFTER_S)]
+        kill_after: f64,
+        /// Do not load eBPF programs in an agent started here (they need root or CAP_BPF and
+        /// CAP_PERFMON; without them there are no host metrics by thread role).
+        #[arg(long)]
+        no_ebpf: bool,
+        /// Do not inject the CUPTI shim (CUDA_INJECTION64_PATH).
+        #[arg(long)]
+        no_gpu: bool,
+        /// Start the agent here even if one answers at prometheus.listen, and serve Prometheus
+        /// metrics and the state API at this address while the command runs (for `slo-probe
+        /// top --url`).
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<SocketAddr>,
+        /// The command and its arguments (after `--`).
+        #[arg(required = true, last = true)]
+        command: Vec<String>,
+    },
+    /// A terminal view of a node from its agent's state API: jobs and ranks with their SLO
+    /// score, the SLO tree, open violations with their chains, top operators, host by thread
+    /// role, GPUs, the healer's timeline. Keys: q quit, ? help, Tab pane, arrows or j/k move,
+    /// Enter drill in, Esc back, / filter, space or f freeze, s sort.
+    Top {
+        /// The agent, as http://HOST:PORT; it reconnects by itself (backoff 0.5 to 5 s).
+        /// Default: prometheus.listen of --config (127.0.0.1:9617).
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
+        /// TOML configuration file (for the default address).
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// Show a GPU recording (a <pid>.bin of shim.record_dir, such as
+        /// tests/fixtures/gpu/h200-graphs.bin) instead of an agent: no agent or GPU needed
+        /// (repeatable).
+        #[arg(long = "replay", value_name = "FILE")]
+        replay: Vec<PathBuf>,
+        /// Print one snapshot and exit (as the screen would show it, 120x40 when stdout is
+        /// not a terminal).
+        #[arg(long)]
+        once: bool,
+        /// With --once: print the snapshot as the state API's JSON.
+        #[arg(long)]
+        json: bool,
+        /// Capture the mouse (the wheel moves; off by default because it blocks copy-paste).
+        #[arg(long)]
+        mouse: bool,
+    },
+    /// Check what this machine allows (privileges, kernel BTF, tracefs); exit 1 if the eBPF
     /// probes cannot load.
     Check,
     /// Configuration helpers.
@@ -277,6 +349,61 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 std::fs::write(&path, text)
                     .with_context(|| format!("cannot write {}", path.display()))?;
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Run {
+            config,
+            output,
+            force_overwrite,
+            heal,
+            kill_after,
+            no_ebpf,
+            no_gpu,
+            listen,
+            command,
+        } => {
+            let config = load_config(config.as_ref())?;
+            anyhow::ensure!(
+                kill_after.is_finite() && kill_after >= 0.0,
+                "--kill-after must be a number of seconds, 0 or more"
+            );
+            let outcome = run::run(run::Options {
+                config,
+                output,
+                force_overwrite,
+                heal,
+                kill_after: Duration::from_secs_f64(kill_after),
+                no_ebpf,
+                no_gpu,
+                listen,
+                command,
+            })?;
+            Ok(match outcome {
+                run::Outcome::Exited(code) => ExitCode::from(code),
+                run::Outcome::Signalled(sig) => ExitCode::from(run::reraise(sig)),
+            })
+        }
+        Cmd::Top {
+            url,
+            config,
+            replay,
+            once,
+            json,
+            mouse,
+        } => {
+            let endpoint = match url {
+                Some(u) => crate::api::client::Endpoint::parse(&u)?,
+                None => crate::api::client::Endpoint::of(
+                    load_config(config.as_ref())?.prometheus.listen,
+                ),
+            };
+            top::run(top::Options {
+                endpoint,
+                replay,
+                once,
+                json,
+                mouse,
+            })?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Check => {

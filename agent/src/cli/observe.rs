@@ -69,7 +69,10 @@ pub struct Inject {
 
 /// Starts `command` held before it runs until the returned writer is written to or closed, so
 /// that the probes follow it from its first instruction. Needs `/bin/sh`.
-fn spawn_held(command: &[String], inject: &Inject) -> Result<(Child, std::fs::File), ObserveError> {
+pub(crate) fn spawn_held(
+    command: &[String],
+    inject: &Inject,
+) -> Result<(Child, std::fs::File), ObserveError> {
     let line = command.join(" ");
     let spawn_err = |source| ObserveError::Spawn {
         command: line.clone(),

@@ -16,11 +16,11 @@ use slo_probe_core::{
 use super::{
     cgroups::{Controller, Hierarchies},
     channel::Channel,
+    error::HealError,
     host,
     journal::{self, ActionKey, Change, Journal, Record, Restored},
     knobs::{format_cpu_list, parse_cpu_list, tcp_sockets, Knob, KnobIo, KnobValue},
     managers::Managers,
-    HealError,
 };
 
 /// One thread of the job.

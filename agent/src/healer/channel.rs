@@ -19,7 +19,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 use slo_probe_core::healer::Strategy;
 
-use super::HealError;
+use super::error::HealError;
 
 /// The version of `strategy.json`.
 pub const VERSION: u32 = 1;

@@ -21,8 +21,8 @@ use serde::{Deserialize, Serialize};
 use slo_probe_core::healer::{AuditEvent, Level, Strategy};
 
 use super::{
+    error::HealError,
     knobs::{Knob, KnobIo, KnobValue},
-    HealError,
 };
 
 /// One knob of an action: its value before, and the value the action wrote.

@@ -27,7 +27,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 use slo_probe_core::healer::Strategy;
 
-use super::{channel::Channel, HealError};
+use super::{channel::Channel, error::HealError};
 
 /// One setting an action changes.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

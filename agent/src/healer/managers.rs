@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use super::knobs::Knob;
 
 /// Default path of kubelet's CPU manager state.
-pub const KUBELET_CPU_MANAGER_STATE: &str = "/var/lib/kubelet/cpu_manager_state";
+pub use crate::config::KUBELET_CPU_MANAGER_STATE;
 
 /// What owns what on this node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

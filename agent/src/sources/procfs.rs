@@ -1,7 +1,8 @@
 //! Reads of `/proc`: the process tree (parents, names), used to seed the job's process set, to
 //! find processes that fork following missed, and for names of processes the probes have not
 //! seen yet; each process's cgroups; and what a training process is ([`ProcessIdentity`]:
-//! rank, job, executable, Kubernetes pod, GPU), read once when its shim registers.
+//! rank, job, executable, Kubernetes pod, GPU), read once when its shim registers; the node's
+//! host name.
 
 use std::collections::BTreeSet;
 
@@ -37,6 +38,13 @@ pub fn parse_stat(pid: u32, text: &str) -> Option<ProcInfo> {
         .parse()
         .ok()?;
     Some(ProcInfo { pid, ppid, name })
+}
+
+/// The node's host name (empty when unreadable).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
 }
 
 /// Every process now.

@@ -15,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-use http_body_util::Full;
+use http_body_util::{BodyExt as _, Full};
 use hyper::{body::Bytes, server::conn::http1, service::service_fn, Method, Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use slo_probe_core::snapshot::Snapshot;
@@ -78,6 +78,7 @@ pub fn render(snapshot: &Snapshot, per_thread: bool) -> String {
 pub struct PrometheusServer {
     listener: TcpListener,
     per_thread: bool,
+    api: Arc<crate::api::Api>,
 }
 
 impl PrometheusServer {
@@ -99,7 +100,15 @@ impl PrometheusServer {
         Ok(Self {
             listener,
             per_thread,
+            api: Arc::default(),
         })
+    }
+
+    /// Serves the state API (`/api/v1`, [`crate::api`]) with these settings beside the metrics
+    /// (by default: read-only, without the agent's host name or shim socket).
+    pub fn with_api(mut self, api: crate::api::Api) -> Self {
+        self.api = Arc::new(api);
+        self
     }
 
     /// The address actually bound.
@@ -107,7 +116,7 @@ impl PrometheusServer {
         self.listener.local_addr()
     }
 
-    /// Serves `/metrics` from the latest snapshot until `shutdown` turns true. Each
+    /// Serves `/metrics` and `/api/v1` from the latest snapshot until `shutdown` turns true. Each
     /// connection has [`HEADER_TIMEOUT`] to send a request's headers and lives at most
     /// [`CONNECTION_LIFETIME`]; beyond [`MAX_HTTP_CONNECTIONS`] at once a new connection closes
     /// the oldest, so idle or slow clients cannot lock scrapers out or use up descriptors.
@@ -154,19 +163,28 @@ impl PrometheusServer {
                     let per_thread = self.per_thread;
                     let live = live.clone();
                     let cache = cache.clone();
+                    let api = self.api.clone();
                     tokio::spawn(async move {
                         let service = service_fn(move |req: Request<hyper::body::Incoming>| {
                             requests.fetch_add(1, Ordering::Relaxed);
-                            let snapshot = snapshots.borrow().clone();
+                            let snapshots = snapshots.clone();
+                            let api = api.clone();
                             let cached = (req.method() == Method::GET
                                 && req.uri().path() == "/metrics")
                                 .then(|| cache.get())
                                 .flatten();
                             async move {
-                                Ok::<_, Infallible>(match cached {
+                                if req.uri().path().starts_with("/api/") {
+                                    return Ok::<_, Infallible>(
+                                        crate::api::handle(req, api, snapshots).await,
+                                    );
+                                }
+                                let snapshot = snapshots.borrow().clone();
+                                Ok(match cached {
                                     Some(body) => metrics_response(body),
                                     None => respond(&req, &snapshot, per_thread),
-                                })
+                                }
+                                .map(|b| b.boxed()))
                             }
                         });
                         let conn = http1::Builder::new()
@@ -297,7 +315,9 @@ fn respond<B>(req: &Request<B>, snapshot: &Snapshot, per_thread: bool) -> Respon
         (&Method::GET, "/") => (
             200,
             "text/plain",
-            "slo-probe agent\n  /metrics  Prometheus text exposition\n  /healthz  liveness\n"
+            "slo-probe agent\n  /metrics           Prometheus text exposition\n  /healthz           \
+             liveness\n  /api/v1/snapshot   the state as JSON\n  /api/v1/watch      the state, then \
+             its changes each tick (NDJSON)\n"
                 .to_owned(),
         ),
         _ => (404, "text/plain", "not found; try /metrics\n".to_owned()),

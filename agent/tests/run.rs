@@ -1,0 +1,379 @@
+//! `slo-probe run` with plain commands (no GPU, no eBPF): the command's exit status and output
+//! are the wrapper's, a fatal signal is re-raised, signals sent to the wrapper are forwarded, a
+//! terminal's Ctrl-C reaches the command once (driven through a real pseudo-terminal), the shim
+//! variable reaches a grandchild, and the report is written and parseable in every case.
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    os::unix::process::ExitStatusExt,
+    path::{Path, PathBuf},
+    process::{Command, Output, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use slo_probe::cli::run::RunReport;
+
+const BIN: &str = env!("CARGO_BIN_EXE_slo-probe");
+
+fn tempdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("slo-probe-run-test-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+/// A config that finds no agent (its API address is a free port) and injects `library`.
+fn config(dir: &Path, library: &str) -> PathBuf {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let path = dir.join("run.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[prometheus]\nlisten = \"127.0.0.1:{port}\"\n[shim]\nlibrary = {library:?}\n\
+             [gpu]\nnvml = false\n"
+        ),
+    )
+    .expect("config");
+    path
+}
+
+/// `slo-probe run --no-ebpf -o REPORT FLAGS -- COMMAND` in `dir`.
+fn wrapper_with(dir: &Path, report: &str, flags: &[&str], command: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.current_dir(dir)
+        .arg("run")
+        .arg("--config")
+        .arg(config(dir, "/opt/test/libslo_probe_cupti.so"))
+        .args(["--no-ebpf", "-o", report])
+        .args(flags)
+        .arg("--")
+        .args(command)
+        .env_remove("CUDA_INJECTION64_PATH")
+        .env_remove("RUST_LOG");
+    c
+}
+
+fn wrapper(dir: &Path, report: &str, command: &[&str]) -> Command {
+    wrapper_with(dir, report, &[], command)
+}
+
+fn report(path: &Path) -> RunReport {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()))
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn exit_codes_and_output_are_the_commands() {
+    let dir = tempdir("codes");
+    for code in [0, 3] {
+        let name = format!("r{code}");
+        let out: Output = wrapper(
+            &dir,
+            &name,
+            &["sh", "-c", &format!("echo out; echo err >&2; exit {code}")],
+        )
+        .output()
+        .expect("run");
+        assert_eq!(out.status.code(), Some(code), "{}", text(&out.stderr));
+        // The command's stdout is untouched; the wrapper's lines are on stderr, prefixed.
+        assert_eq!(text(&out.stdout), "out\n");
+        let err = text(&out.stderr);
+        assert!(err.starts_with("err\n"), "{err}");
+        assert!(
+            err.lines().skip(1).all(|l| l.starts_with("slo-probe: ")),
+            "{err}"
+        );
+        let r = report(&dir.join(format!("{name}.json")));
+        assert_eq!(r.exit.code, Some(code));
+        assert_eq!(r.command[0], "sh");
+        assert!(r.wall_s >= 0.0);
+        assert!(r.interrupted.is_none());
+        let summary = std::fs::read_to_string(dir.join(format!("{name}.txt"))).expect("txt");
+        assert!(
+            summary.contains(&format!("exited with {code}")),
+            "{summary}"
+        );
+    }
+    let out = wrapper(&dir, "r127", &["no-such-command-anywhere"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(127));
+    assert!(text(&out.stderr).contains("not found in PATH"));
+}
+
+#[test]
+fn a_command_killed_by_a_signal_is_re_raised_and_reported() {
+    let dir = tempdir("signal");
+    let out = wrapper(&dir, "killed", &["sh", "-c", "kill -KILL $$"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{:?}", out.status);
+    let r = report(&dir.join("killed.json"));
+    assert_eq!(r.exit.code, None);
+    assert_eq!(r.exit.signal, Some(libc::SIGKILL));
+    assert_eq!(r.exit.signal_name.as_deref(), Some("SIGKILL"));
+}
+
+#[test]
+fn the_shim_variable_reaches_a_grandchild_and_a_users_own_is_kept() {
+    let dir = tempdir("inject");
+    let grandchild = [
+        "sh",
+        "-c",
+        "sh -c 'echo \"$CUDA_INJECTION64_PATH|$SLO_PROBE_SOCKET\"'",
+    ];
+    let out = wrapper(&dir, "inj", &grandchild).output().expect("run");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let line = text(&out.stdout);
+    let (lib, socket) = line.trim().split_once('|').expect("two values");
+    assert_eq!(lib, "/opt/test/libslo_probe_cupti.so");
+    assert!(socket.ends_with("shim.sock"), "{line}");
+    assert_eq!(
+        report(&dir.join("inj.json")).injected.as_deref(),
+        Some("/opt/test/libslo_probe_cupti.so")
+    );
+
+    let out = wrapper(&dir, "user", &grandchild)
+        .env("CUDA_INJECTION64_PATH", "/users/own.so")
+        .output()
+        .expect("run");
+    assert!(text(&out.stdout).starts_with("/users/own.so|"));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("CUDA_INJECTION64_PATH is already set to /users/own.so; keeping it"),
+        "{err}"
+    );
+    assert_eq!(report(&dir.join("user.json")).injected, None);
+}
+
+/// Starts the wrapper with a command that prints `ready` once it trapped its signals.
+fn start_ready(mut cmd: Command) -> (std::process::Child, mpsc::Receiver<String>) {
+    let mut child = cmd.stdout(Stdio::piped()).spawn().expect("run");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(20)).as_deref(),
+        Ok("ready")
+    );
+    (child, rx)
+}
+
+#[test]
+fn term_sent_to_the_wrapper_is_forwarded_and_a_stuck_command_is_killed() {
+    let dir = tempdir("term");
+    let script = "trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.05; done";
+    let (mut child, rx) = start_ready(wrapper(&dir, "term", &["sh", "-c", script]));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(7));
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(5)).as_deref(),
+        Ok("got-term")
+    );
+    let r = report(&dir.join("term.json"));
+    assert_eq!(r.interrupted.as_deref(), Some("SIGTERM"));
+    assert!(!r.killed_after_timeout);
+
+    // A command that ignores TERM gets SIGKILL after --kill-after.
+    let script = "trap '' TERM; echo ready; while :; do sleep 0.05; done";
+    let (mut child, _rx) = start_ready(wrapper_with(
+        &dir,
+        "stuck",
+        &["--kill-after", "0.5"],
+        &["sh", "-c", script],
+    ));
+    let t = Instant::now();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().expect("wait");
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    assert!(t.elapsed() < Duration::from_secs(10));
+    let r = report(&dir.join("stuck.json"));
+    assert!(r.killed_after_timeout);
+    assert_eq!(r.exit.signal, Some(libc::SIGKILL));
+}
+
+#[test]
+fn an_existing_report_stops_run_before_the_command_and_names_are_numbered() {
+    let dir = tempdir("exists");
+    std::fs::write(dir.join("taken.json"), "{}").expect("write");
+    let out = wrapper(&dir, "taken", &["sh", "-c", "touch ran"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--force-overwrite"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!dir.join("ran").exists(), "the command ran");
+    let out = wrapper_with(
+        &dir,
+        "taken",
+        &["--force-overwrite"],
+        &["sh", "-c", "touch ran"],
+    )
+    .output()
+    .expect("run");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(dir.join("ran").exists());
+    assert_eq!(report(&dir.join("taken.json")).version, 1);
+
+    // Default names: slo-probe-<host>-<n>.json, the first free n.
+    for _ in 0..2 {
+        let out = Command::new(BIN)
+            .current_dir(&dir)
+            .args(["run", "--config"])
+            .arg(config(&dir, "/x.so"))
+            .args(["--no-ebpf", "--", "true"])
+            .output()
+            .expect("run");
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .expect("dir")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("slo-probe-") && n.ends_with(".json"))
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(
+        names[0].ends_with("-1.json") && names[1].ends_with("-2.json"),
+        "{names:?}"
+    );
+    for n in &names {
+        report(&dir.join(n));
+    }
+}
+
+/// The wrapper in a pseudo-terminal, as a user runs it: Ctrl-C typed there reaches the command
+/// once (it is in the wrapper's process group, and the wrapper does not forward a signal that
+/// came from the terminal), and the report is still written.
+#[test]
+fn ctrl_c_in_a_terminal_reaches_the_command_once_and_the_report_is_written() {
+    use portable_pty::{native_pty_system, CommandBuilder, PtySize};
+    let dir = tempdir("pty");
+    let cfg = config(&dir, "/x.so");
+    let pty = native_pty_system()
+        .openpty(PtySize {
+            rows: 24,
+            cols: 80,
+            pixel_width: 0,
+            pixel_height: 0,
+        })
+        .expect("openpty");
+    let run = |script: &str, name: &str| {
+        let mut c = CommandBuilder::new(BIN);
+        c.cwd(&dir);
+        c.args(["run", "--no-ebpf", "-o", name, "--config"]);
+        c.arg(&cfg);
+        c.args(["--", "sh", "-c", script]);
+        c.env_remove("CUDA_INJECTION64_PATH");
+        c
+    };
+    // Counts the INTs it gets; `sleep` runs in the foreground, so a second INT (a forwarded
+    // one) would arrive after the first trap ran and count.
+    let script = "n=0; trap 'n=$((n+1))' INT; echo ready; i=0; \
+                  while [ $i -lt 30 ]; do sleep 0.1; i=$((i+1)); done; echo \"ints=$n\"";
+    let mut child = pty
+        .slave
+        .spawn_command(run(script, "ctrlc"))
+        .expect("spawn in the pty");
+    let mut reader = pty.master.try_clone_reader().expect("reader");
+    let mut writer = pty.master.take_writer().expect("writer");
+    let (tx, rx) = mpsc::channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut screen = String::new();
+    let wait_for = |screen: &mut String, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !screen.contains(what) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(b) => screen.push_str(&String::from_utf8_lossy(&b)),
+                Err(_) => panic!("no {what:?} in the terminal:\n{screen}"),
+            }
+        }
+    };
+    wait_for(&mut screen, "ready");
+    // Into the loop's first `sleep`.
+    std::thread::sleep(Duration::from_millis(200));
+    writer.write_all(b"\x03").expect("Ctrl-C");
+    writer.flush().expect("flush");
+    wait_for(&mut screen, "ints=");
+    let status = child.wait().expect("wait");
+    wait_for(&mut screen, "wrote");
+    assert!(screen.contains("ints=1"), "{screen}");
+    assert!(status.success(), "{status:?}\n{screen}");
+    assert!(screen.contains("SIGINT from the terminal"), "{screen}");
+    let r = report(&dir.join("ctrlc.json"));
+    assert_eq!(r.interrupted.as_deref(), Some("SIGINT"));
+    assert_eq!(r.exit.code, Some(0));
+
+    // A command that dies of the Ctrl-C: the wrapper ends with SIGINT too, after its report.
+    screen.clear();
+    let mut child = pty
+        .slave
+        .spawn_command(run("echo ready; exec sleep 30", "died"))
+        .expect("spawn in the pty");
+    wait_for(&mut screen, "ready");
+    std::thread::sleep(Duration::from_millis(200));
+    writer.write_all(b"\x03").expect("Ctrl-C");
+    let status = child.wait().expect("wait");
+    assert!(status.signal().is_some(), "{status:?}\n{screen}");
+    let r = report(&dir.join("died.json"));
+    assert_eq!(r.exit.signal, Some(libc::SIGINT));
+}
+
+#[test]
+fn listen_serves_the_state_api_while_the_command_runs() {
+    let dir = tempdir("listen");
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port");
+    // The command reads the API of the agent `run` started for it.
+    let script = "import json, os, time, urllib.request\n\
+                  for _ in range(100):\n\
+                  \x20   try:\n\
+                  \x20       s = json.load(urllib.request.urlopen('http://' + os.environ['ADDR'] + '/api/v1/snapshot'))\n\
+                  \x20       break\n\
+                  \x20   except OSError:\n\
+                  \x20       time.sleep(0.1)\n\
+                  print('version', s['version'], 'socket', s['agent']['shim_socket'] == os.environ['SLO_PROBE_SOCKET'])\n";
+    let out = wrapper_with(
+        &dir,
+        "listen",
+        &["--listen", &addr.to_string()],
+        &["python3", "-c", script],
+    )
+    .env("ADDR", addr.to_string())
+    .output()
+    .expect("run");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "version 1 socket True\n");
+    assert!(text(&out.stderr).contains(&format!("http://{addr}/api/v1/snapshot")));
+    assert_eq!(
+        report(&dir.join("listen.json")).agent,
+        "in-process without eBPF"
+    );
+}

@@ -1,0 +1,79 @@
+//! Plain tier: `slo-probe run` around a launcher that starts two ranks, as `torchrun` does: both
+//! python ranks load the shim that `run` injected (they read `CUDA_INJECTION64_PATH`, no GPU:
+//! iterations from step markers), register with the agent `run` started, and the report has
+//! both processes, their iterations and the job's straggler scores (rank 1 is slower).
+
+use std::process::Command;
+
+use slo_probe::cli::run::RunReport;
+use slo_probe_tests::{artefact, free_addr};
+
+#[test]
+fn a_launcher_with_two_ranks_gets_one_report_with_both() {
+    let dir = std::env::temp_dir().join(format!("slo-probe-run-ranks-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let config = dir.join("run.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[prometheus]\nlisten = \"{}\"\n[shim]\nlibrary = {:?}\n[gpu]\nnvml = false\n\
+             [agent]\ntick_ms = 200\n[slo]\nwindow_ms = 500\nlearn_windows = 3\n\
+             warmup_iterations = 5\n",
+            free_addr(),
+            artefact("libslo_probe_cupti.so", "slo-probe-cupti")
+        ),
+    )
+    .expect("config");
+    let rank = "import ctypes, os, time\n\
+                lib = ctypes.PyDLL(os.environ['CUDA_INJECTION64_PATH'])\n\
+                lib.slo_probe_step_begin.argtypes = [ctypes.c_uint64]\n\
+                lib.slo_probe_step_end.argtypes = [ctypes.c_uint64]\n\
+                pause = 0.02 if os.environ['RANK'] == '0' else 0.04\n\
+                for i in range(100):\n\
+                \x20   lib.slo_probe_step_begin(i)\n\
+                \x20   time.sleep(pause)\n\
+                \x20   lib.slo_probe_step_end(i)\n\
+                time.sleep(1.5)\n";
+    let launcher = "for r in 0 1; do RANK=$r python3 -c \"$RANK_SCRIPT\" & done; wait";
+    let out = Command::new(artefact("slo-probe", "slo-probe"))
+        .current_dir(&dir)
+        .args(["run", "--no-ebpf", "-o", "ranks", "--config"])
+        .arg(&config)
+        .args(["--", "sh", "-c", launcher])
+        .env("RANK_SCRIPT", rank)
+        .env("SLO_PROBE_JOB", "two-ranks")
+        .env_remove("CUDA_INJECTION64_PATH")
+        .output()
+        .expect("slo-probe run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let r: RunReport =
+        serde_json::from_slice(&std::fs::read(dir.join("ranks.json")).expect("report"))
+            .expect("parses");
+    assert_eq!(
+        r.state.processes.len(),
+        2,
+        "{err}\n{:#?}",
+        r.state.processes
+    );
+    for p in &r.state.processes {
+        assert!(p.iterations.total >= 90, "{p:#?}");
+        assert!(p.slo.is_some());
+        assert!(r.pids.contains(&p.pid));
+    }
+    let job = r
+        .state
+        .jobs
+        .iter()
+        .find(|j| j.id == "two-ranks")
+        .expect("job");
+    assert_eq!(job.ranks.len(), 2);
+    let (r0, r1) = (&job.ranks[0], &job.ranks[1]);
+    assert_eq!((r0.rank, r1.rank), (0, 1));
+    let (a, b) = (r0.relative.expect("score"), r1.relative.expect("score"));
+    assert!((a - 1.0).abs() < 1e-9 && (0.3..0.7).contains(&b), "{a} {b}");
+    let text = std::fs::read_to_string(dir.join("ranks.txt")).expect("text");
+    assert!(text.contains("stragglers of job two-ranks"), "{text}");
+    assert!(err.contains("2 training processes, "), "{err}");
+}
