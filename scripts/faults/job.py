@@ -140,8 +140,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--busy-cgroup", default="", help="cgroup v2 directory to put the busy processes in")
     p.add_argument("--ddp", action="store_true", help="DistributedDataParallel over gloo from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT; every rank on GPU 0")
     p.add_argument("--stop-file", default="", help="--ddp: the file rank 0 writes the last step to (default /tmp/slo-faults-stop-<MASTER_PORT>)")
-    p.add_argument("--netem", default="", help="comm_loss: NS:DEV,NS:DEV (tc -n NS) or DEV (this namespace)")
-    p.add_argument("--netem-loss", type=float, default=5.0)
+    p.add_argument("--netem", default="", help="comm_loss: the ranks' link as NS:DEV,NS:DEV (network namespaces) or DEV (this one)")
+    p.add_argument("--netem-loss", type=float, default=5.0, help="comm_loss: percent of TCP segments lost")
+    p.add_argument("--loss-method", choices=("netem", "nft", "iptables", "tbf"), default="netem",
+                   help="comm_loss: tc netem loss; nftables or iptables random drop of TCP on the link's egress "
+                        "(kernels without sch_netem); tbf, a rate limit with a short queue (drops when full)")
     p.add_argument("--allow-gpu-clock-change", action="store_true", help="let gpu_clocks run nvidia-smi -lgc (forbidden on the lent device machines)")
     p.add_argument("--gpu-low-clock", type=int, default=0, help="gpu_clocks: MHz (0: the supported clock nearest 45%% of the maximum)")
     p.add_argument("--gpu-fault-frac", type=float, default=0.35, help="extra_kernel and low_occupancy add this share of a step (at least --gpu-fault-ms)")
@@ -1161,9 +1164,10 @@ class Job:
             from torch.nn.parallel import DistributedDataParallel as DDP
             dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
             self.dist = dist
-            gathered: List[Any] = [None] * self.world
-            dist.all_gather_object(gathered, self.pid)
-            self.pids = [int(p) for p in gathered]
+            mine = torch.tensor([self.pid], dtype=torch.int64)
+            gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+            dist.all_gather(gathered, mine)  # CPU tensors over gloo
+            self.pids = [int(t.item()) for t in gathered]
             log(f"ddp: rank {self.rank} of {self.world}, pids {self.pids}")
             self.train_model = DDP(model, device_ids=[0] if self.cuda else None)
             self.stop_file = a.stop_file or f"/tmp/slo-faults-stop-{os.environ.get('MASTER_PORT', '0')}"
@@ -1384,7 +1388,7 @@ class Job:
         t_lo, t_hi = t_batch(lo), t_batch(hi)
         slope = max(1e-4, (t_hi - t_lo) / (hi - lo))
         base = max(0.0, t_lo - slope * lo)
-        target_ms = a.loader_util * W * step_ms
+        target_ms = min(a.loader_util * W * step_ms, 250.0 * W)
         k = int(round((target_ms - base) / slope))
         k = max(1 if a.model == "gpt" else 0, min(k, 100000))
         self.stats.work.value = k
@@ -1550,7 +1554,7 @@ class Job:
             return e(None, "execution", "gpu.sm_clock"), [], "SM clock locked low with nvidia-smi -lgc"
         if kind == "comm_loss":
             return (e(None, "communication", "host.retransmits"), [],
-                    f"netem loss {self.a.netem_loss}% on the ranks' link ({self.a.netem}); gloo all-reduces on the CPU, so no GPU collective kernel")
+                    f"{self.a.netem_loss}% TCP loss ({self.a.loss_method}) on the ranks' link ({self.a.netem}); gloo all-reduces on the CPU, so no GPU collective kernel")
         return e(None, None, None), [], ""
 
     def answer_base(self, kind: str) -> Dict[str, Any]:
@@ -1670,14 +1674,29 @@ class Job:
         return st
 
     def netem_cmds(self, add: bool) -> List[List[str]]:
-        out = []
-        for item in [x for x in self.a.netem.split(",") if x]:
+        """The commands that put loss on (or take it off) every end of the ranks' link."""
+        a = self.a
+        pct = a.netem_loss
+        out: List[List[str]] = []
+        for item in [x for x in a.netem.split(",") if x]:
             ns, _, dev = item.rpartition(":")
-            base = ["tc"] + (["-n", ns] if ns else [])
-            if add:
-                out.append(base + ["qdisc", "replace", "dev", dev, "root", "netem", "loss", f"{self.a.netem_loss}%"])
+            pre = ["ip", "netns", "exec", ns] if ns else []
+            tc = ["tc"] + (["-n", ns] if ns else [])
+            if a.loss_method == "netem":
+                out.append(tc + (["qdisc", "replace", "dev", dev, "root", "netem", "loss", f"{pct}%"] if add else ["qdisc", "del", "dev", dev, "root"]))
+            elif a.loss_method == "tbf":
+                out.append(tc + (["qdisc", "replace", "dev", dev, "root", "tbf", "rate", "4gbit", "burst", "64kb", "limit", "128kb"] if add else ["qdisc", "del", "dev", dev, "root"]))
+            elif a.loss_method == "nft":
+                if add:
+                    out += [pre + ["nft", "add", "table", "inet", "slo_faults"],
+                            pre + ["nft", "add", "chain", "inet", "slo_faults", "out", "{ type filter hook output priority 0 ; }"],
+                            pre + ["nft", "add", "rule", "inet", "slo_faults", "out", "oifname", f'"{dev}"', "meta", "l4proto", "tcp",
+                                   "numgen", "random", "mod", "100", "<", str(max(1, int(round(pct)))), "drop"]]
+                else:
+                    out.append(pre + ["nft", "delete", "table", "inet", "slo_faults"])
             else:
-                out.append(base + ["qdisc", "del", "dev", dev, "root"])
+                rule = ["OUTPUT", "-o", dev, "-p", "tcp", "-m", "statistic", "--mode", "random", "--probability", f"{pct / 100:.4f}", "-j", "DROP"]
+                out.append(pre + ["iptables", "-A" if add else "-D"] + rule)
         return out
 
     def stop_fault(self, st: Dict[str, Any]) -> None:
@@ -1828,9 +1847,15 @@ class Job:
                 st["params"]["clocks_after"] = nvml_clocks()
             counters_now = self.compile_counters() if a.mode != "eager" else {}
             recompiled = a.mode != "eager" and counters_now != self.compile_info.get("counters_before_run")
+            status, reason = "done", None
+            res = st["params"].get("command_result")
+            results = res if isinstance(res, list) else [res] if res is not None else []
+            bad = [r for r in results if not (isinstance(r, (list, tuple)) and len(r) == 2 and r[0] == 0)]
+            if asy is not None and (bad or not results):
+                status, reason = "failed", f"the command that injects it failed: {results}"
             for r, pid in enumerate(self.pids):
                 ans = self.answer_base(kind)
-                ans.update(status="done", onset_ns=st["onset_ns"], end_ns=st["end_ns"], pid=pid, rank=r,
+                ans.update(status=status, reason=reason, onset_ns=st["onset_ns"], end_ns=st["end_ns"], pid=pid, rank=r,
                            applied_ns=st.get("applied_ns"), restored_ns=st.get("restored_ns"),
                            params=st["params"], effect=self.effect(st.get("applied_ns") or st["onset_ns"], st["end_ns"]),
                            steps=self.count_steps(st["onset_ns"], st["end_ns"]), recompiled_so_far=recompiled)
