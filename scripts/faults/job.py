@@ -1992,9 +1992,18 @@ def main(argv: Optional[List[str]] = None) -> int:
                 job.dist.destroy_process_group()
             except Exception:
                 pass
-    # DataLoader workers and the pin thread are daemons: leave quickly
+    # A normal exit runs the shim's atexit flush (its last records reach the agent); SIGALRM's
+    # default action ends the process should the interpreter's shutdown hang (DataLoader
+    # workers, the pin-memory thread blocked on them).
+    try:
+        job.pinner.stop_flag = True
+        job.loader_it._shutdown_workers()
+    except Exception:
+        pass
     sys.stdout.flush()
-    os._exit(rc)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(30)
+    sys.exit(rc)
 
 
 if __name__ == "__main__":
