@@ -1492,6 +1492,15 @@ class Job:
             after = self.compile_counters()
             self.compile_info["recompiled_on_switch"] = before != after
             self.compile_info["counters_after_warmup"] = after
+            try:
+                from torch._dynamo.utils import counters as _c
+                self.compile_info["inductor"] = {str(k): int(v) for k, v in _c.get("inductor", {}).items()}
+                skips = {k: v for k, v in self.compile_info["inductor"].items() if "cudagraph" in k and "skip" in k}
+                if a.mode == "reduce-overhead" and any(skips.values()):
+                    self.errors.append(f"CUDA graphs skipped for some graphs: {skips} (see the log's cudagraph messages)")
+                    log(f"WARNING: CUDA graphs skipped: {skips}")
+            except Exception:
+                pass
             log(f"compile: {self.compile_info['compile_s']} s; switching variants recompiled: {before != after}")
             if before != after:
                 self.errors.append(f"switching variants recompiled: {before} -> {after}")
@@ -1540,8 +1549,9 @@ class Job:
                     f"Triton GELU BLOCK={NORMAL_BLOCK}/num_warps={NORMAL_WARPS}/one program per block -> BLOCK={LOW_BLOCK}/num_warps={LOW_WARPS} on {c.get('grid')} programs")
         if kind == "pageable_copy":
             # memory operations are labelled "<op>: memcpy HtoD" (core/src/gputrace.rs)
+            small = " (token batches are a few hundred KiB: expect little effect)" if self.a.model == "gpt" else ""
             return (e("data_to_device: memcpy HtoD", "memory_bandwidth", None), [e("memcpy HtoD", "memory_bandwidth", None)],
-                    "batch copied host->device from pageable (shared) memory instead of the pinned ring")
+                    "batch copied host->device from pageable (shared) memory instead of the pinned ring" + small)
         if kind == "cpu_contention":
             return (e(LAUNCHES_OP, "launch_latency", "host.runqueue.main"), [e(None, "launch_latency", "host.runqueue.main")],
                     f"busy loops on the main thread's CPU {self.a.main_cpu}")
@@ -1587,11 +1597,8 @@ class Job:
             return f"no Triton kernel: {TRITON_ERR}"
         if kind == "host_sync" and not self.cuda:
             return "no CUDA (dry run): nothing to synchronise"
-        if kind == "pageable_copy":
-            if not self.cuda:
-                return "no CUDA (dry run): no pinned memory"
-            if a.model == "gpt":
-                return "token batches are a few hundred KiB: pageable vs pinned makes no measurable difference"
+        if kind == "pageable_copy" and not self.cuda:
+            return "no CUDA (dry run): no pinned memory"
         if kind == "cpu_contention" and self.busy_main is None:
             return "no --main-cpu: the main thread is not pinned"
         if kind == "loader_starvation" and not self.busy_loader:
