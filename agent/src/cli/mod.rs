@@ -107,8 +107,20 @@ pub enum Cmd {
         /// SLO window length in ms (default: a fifteenth of the recording, 100 ms to 10 s).
         #[arg(long, value_name = "MS")]
         window_ms: Option<u64>,
+        /// Judge with the SLO tree and windows of this agent configuration (the one the
+        /// recording was made under), as the live agent did.
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// Leave out the host and NVML samples recorded beside each recording (<pid>.host.jsonl,
+        /// nvml.jsonl): judge the GPU side only.
+        #[arg(long)]
+        no_sidecars: bool,
     },
-    /// Check what this machine allows (privileges, kernel BTF); exit 1 if the eBPF
+    /// Work on GPU recordings (the <pid>.bin files of shim.record_dir).
+    Recording {
+        #[command(subcommand)]
+        action: RecordingCmd,
+    },
     /// Run a command (a training script, `torchrun ...`) the way `perf record` does: measured
     /// by the agent already listening at prometheus.listen, or by one started here that follows
     /// the command's processes; the CUPTI shim injected; its output untouched; its exit status
@@ -219,6 +231,25 @@ pub enum HealCmd {
 }
 
 #[derive(Subcommand)]
+pub enum RecordingCmd {
+    /// Keep the part of a recording from --from to --to (CLOCK_MONOTONIC ns): the records of
+    /// that span, every name and graph node (what the records use), and the depth in force
+    /// when it starts; the host samples beside it (<pid>.host.jsonl) are cut the same way.
+    Trim {
+        /// The recording.
+        input: PathBuf,
+        /// Where the trimmed recording goes (its sidecar beside it).
+        output: PathBuf,
+        /// First instant kept, ns.
+        #[arg(long, value_name = "NS")]
+        from: u64,
+        /// Last instant kept, ns.
+        #[arg(long, value_name = "NS")]
+        to: u64,
+    },
+}
+
+#[derive(Subcommand)]
 pub enum ConfigCmd {
     /// Print the default configuration, with a comment on every key.
     PrintDefault,
@@ -315,6 +346,8 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             detect,
             json,
             window_ms,
+            config,
+            no_sidecars,
         } => {
             anyhow::ensure!(
                 window_ms.is_none_or(|w| (100..=3_600_000).contains(&w)),
@@ -334,9 +367,20 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     })?)
                 }
             };
+            let spec = match &config {
+                Some(p) => Some(Config::from_file(p)?.slo),
+                None => None,
+            };
+            let opts = replay::ReplayOptions {
+                limits,
+                detect,
+                window_ms,
+                spec,
+                sidecars: !no_sidecars,
+            };
             let mut out = Vec::new();
             for (i, f) in files.iter().enumerate() {
-                let r = replay::replay(f, limits, detect, window_ms)?;
+                let r = replay::replay_with(f, &opts)?;
                 if i > 0 {
                     println!();
                 }
@@ -443,6 +487,20 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     Ok(heal::exit(ok))
                 }
             }
+        }
+        Cmd::Recording {
+            action:
+                RecordingCmd::Trim {
+                    input,
+                    output,
+                    from,
+                    to,
+                },
+        } => {
+            anyhow::ensure!(from <= to, "--from {from} is after --to {to}");
+            let t = replay::trim(&input, &output, from, to)?;
+            println!("{}", t.summary(&input, &output));
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Config { action } => match action {
             ConfigCmd::PrintDefault => {
