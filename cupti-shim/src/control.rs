@@ -327,6 +327,9 @@ impl Shim {
     /// The flusher's control tick: requests, plan, switch, publish. Returns when to look
     /// again (ns), if before the next flush.
     pub(crate) fn control_tick(&self) -> Option<u64> {
+        if crate::EXITING.load(Ordering::Acquire) {
+            return None; // the process is exiting: CUPTI is left as it is
+        }
         // Not tracing: the lock is left alone (`InitializeInjection` takes it on the driver's
         // thread and must find it free).
         let Some(api) = self.api.as_ref().filter(|_| self.tracing()) else {

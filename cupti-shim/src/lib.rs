@@ -213,6 +213,11 @@ struct Shim {
 
 static SHIM: OnceLock<Shim> = OnceLock::new();
 static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// Set when the process has begun to exit (`at_exit`): from then on the background thread
+/// leaves CUPTI alone (no depth switch, no flush), because the CUDA driver and CUPTI are being
+/// torn down around it; only the exiting thread's final flush runs.
+pub(crate) static EXITING: AtomicBool = AtomicBool::new(false);
 static INJECTED: AtomicBool = AtomicBool::new(false);
 /// The flusher thread, unparked by step markers at window boundaries and by requests.
 static FLUSHER: OnceLock<Thread> = OnceLock::new();
@@ -891,7 +896,7 @@ fn flusher() {
         if until > now {
             std::thread::park_timeout(Duration::from_nanos(until - now));
         }
-        if FORKED.load(Ordering::Relaxed) {
+        if FORKED.load(Ordering::Relaxed) || EXITING.load(Ordering::Acquire) {
             return;
         }
         let Some(s) = SHIM.get() else { continue };
@@ -905,7 +910,7 @@ fn flusher() {
 }
 
 fn flush_once(s: &Shim, flushes: u64) {
-    if s.tracing() {
+    if s.tracing() && !EXITING.load(Ordering::Acquire) {
         if let Some(api) = &s.api {
             // SAFETY: never called from a CUPTI callback; one flusher thread.
             unsafe { (api.cuptiActivityFlushAll)(0) };
@@ -928,10 +933,16 @@ extern "C" fn at_exit() {
         if FORKED.load(Ordering::Relaxed) {
             return;
         }
+        EXITING.store(true, Ordering::Release);
         let Some(s) = SHIM.get() else { return };
+        // Waits for a depth switch the background thread is in the middle of (it takes this
+        // lock for each), so that no CUPTI call of that thread overlaps the flush below; the
+        // thread makes none after seeing EXITING.
+        let _control = s.control.lock();
         if s.tracing() {
             if let Some(api) = &s.api {
-                // SAFETY: forced flush at exit, from the exiting thread.
+                // SAFETY: forced flush at exit, from the exiting thread, with the background
+                // thread out of CUPTI (see above).
                 unsafe { (api.cuptiActivityFlushAll)(FLUSH_FORCED) };
             }
         }
