@@ -90,8 +90,19 @@ pub fn restore_outstanding(
     by: &str,
 ) -> Result<Vec<(Outstanding, Restored)>, HealError> {
     let (lines, _) = journal::read(journal.path())?;
+    restore_actions(journal, io, by, journal::outstanding(&lines))
+}
+
+/// Restores `actions` (as [`journal::outstanding`] lists them, oldest first), newest first,
+/// and journals that `by` did it. What each restore did is returned, in that order.
+pub fn restore_actions(
+    journal: &mut Journal,
+    io: &mut dyn KnobIo,
+    by: &str,
+    actions: Vec<Outstanding>,
+) -> Result<Vec<(Outstanding, Restored)>, HealError> {
     let mut out = Vec::new();
-    for o in journal::outstanding(&lines).into_iter().rev() {
+    for o in actions.into_iter().rev() {
         let r = journal::restore(io, &o.changes);
         journal.append(Record::Reverted {
             key: o.key.clone(),
