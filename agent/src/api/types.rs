@@ -720,6 +720,9 @@ pub const DEFAULT_DIAGNOSTIC_STEPS: u32 = 50;
 pub struct UndoRequest {
     /// The action ([`HealerEvent::id`]); absent: the latest one still in force.
     pub action: Option<u64>,
+    /// The job ([`HealerEvent::target`]'s pid): action ids count per job, so an id in force
+    /// in several jobs needs it; absent: any job.
+    pub job: Option<u32>,
 }
 
 /// The answer of a write endpoint, and of every error.
