@@ -561,7 +561,9 @@ impl HealerLoop {
     }
 }
 
-/// Starts the healer thread: it runs one tick per new snapshot on `rx` until `stop` is set.
+/// Starts the healer thread: it runs one tick per new snapshot on `rx` until `stop` is set or
+/// the channel closes (after a tick of the last snapshot sent, so that a job that ended in it
+/// gets its actions undone: `slo-probe run` ends its healer that way).
 pub fn spawn(
     config: &HealConfig,
     mut rx: watch::Receiver<Arc<Snapshot>>,
@@ -584,7 +586,13 @@ pub fn spawn(
                         l.tick(&s);
                     }
                     Ok(false) => thread::sleep(Duration::from_millis(50)),
-                    Err(_) => break,
+                    Err(_) => {
+                        if rx.borrow().has_changed() {
+                            let s = rx.borrow_and_update().clone();
+                            l.tick(&s);
+                        }
+                        break;
+                    }
                 }
             }
             l.stop();
