@@ -3,7 +3,8 @@
 //! markers; rank 1 slows from 20 to 45 ms steps). Asserted: `/api/v1/snapshot` has both ranks,
 //! their SLO trees, rank 1's violation with its chain, the straggler scores on the 0..1 scale;
 //! `/api/v1/watch` sends a full line then deltas; the write endpoints answer 403 unless
-//! `[api] allow_writes`, and 501 while nothing carries them out.
+//! `[api] allow_writes`; allowed, a diagnostic reaches a rank's shim and an undo restores a
+//! knob the journal lists as applied (a plain file standing in for a cgroup file).
 
 use std::{
     io::{Read, Write},
@@ -13,10 +14,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use slo_probe::api::{
-    client::Endpoint,
-    types::{Snapshot, State, WatchEvent, VERSION},
+use slo_probe::{
+    api::{
+        client::Endpoint,
+        types::{Snapshot, State, WatchEvent, VERSION},
+    },
+    healer::{
+        journal::{self, ActionKey, Change, Journal, Record},
+        knobs::{Knob, KnobValue},
+    },
 };
+use slo_probe_core::healer::{Level, Strategy};
 use slo_probe_tests::{artefact, free_addr, http_get};
 
 fn tempdir(tag: &str) -> PathBuf {
@@ -239,16 +247,97 @@ fn the_agent_serves_its_state_and_watch_stream_and_guards_its_writes() {
 }
 
 #[test]
-fn allowed_writes_reach_the_agent() {
+fn allowed_writes_reach_the_shims_and_the_journal() {
     let dir = tempdir("writes");
-    let (a, addr) = agent(&dir, "[api]\nallow_writes = true\n");
-    let _procs = Procs(vec![a]);
-    let s = wait_for(addr, "the agent", |_| true);
+    let journal = dir.join("heal.jsonl");
+    let (a, addr) = agent(
+        &dir,
+        &format!(
+            "[api]\nallow_writes = true\n[heal]\njournal = {journal:?}\njobs_dir = {:?}\n",
+            dir.join("jobs")
+        ),
+    );
+    let r0 = rank(&dir, 0, u32::MAX);
+    let p0 = r0.id();
+    let _procs = Procs(vec![a, r0]);
+    let s = wait_for(addr, "the rank", |s| {
+        s.processes.iter().any(|p| p.pid == p0)
+    });
     assert!(s.agent.writes_allowed);
-    for path in ["/api/v1/diagnostic", "/api/v1/heal/undo"] {
-        let (status, body) = http_post(addr, path, "{}");
-        // Allowed, but nothing in this agent carries them out yet.
-        assert_eq!(status, 501, "{path}: {body}");
-        assert!(body.contains("not available"), "{body}");
-    }
+
+    // Diagnostics reach the rank's shim; a pid without one is named.
+    let (status, body) = http_post(
+        addr,
+        "/api/v1/diagnostic",
+        &format!("{{\"pid\":{p0},\"steps\":5}}"),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains(&format!(
+            "asked the shim of pid {p0} for graph-node tracing during 5"
+        )),
+        "{body}"
+    );
+    let (status, body) = http_post(addr, "/api/v1/diagnostic", "{}");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(&format!("pid {p0}")), "{body}");
+    let (status, body) = http_post(addr, "/api/v1/diagnostic", "{\"pid\":1}");
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("no training process with pid 1"), "{body}");
+
+    // Undo: nothing applied yet; then an action journalled as applied (a knob in a plain file)
+    // is restored, and journalled as undone by the API.
+    let (status, body) = http_post(addr, "/api/v1/heal/undo", "{}");
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("no healer action to undo"), "{body}");
+    let knob_file = dir.join("cpu.weight");
+    std::fs::write(&knob_file, "10\n").expect("knob");
+    let key = ActionKey {
+        run: "an-earlier-run".into(),
+        job: 4242,
+        action: 3,
+    };
+    Journal::open(&journal)
+        .expect("journal")
+        .append_all(vec![
+            Record::Prior {
+                key: key.clone(),
+                job_start: 1,
+                strategy: Strategy::NeighborIsolation,
+                level: Level::Mild,
+                change: Change {
+                    knob: Knob::Cgroup {
+                        cgroup: "/neighbour".into(),
+                        file: "cpu.weight".into(),
+                        path: knob_file.clone(),
+                    },
+                    prior: KnobValue::Text("100".into()),
+                    value: KnobValue::Text("10".into()),
+                },
+            },
+            Record::Applied {
+                key,
+                strategy: Strategy::NeighborIsolation,
+                changes: 1,
+                notes: vec![],
+            },
+        ])
+        .expect("append");
+    let (status, body) = http_post(addr, "/api/v1/heal/undo", "{\"action\":4}");
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = http_post(addr, "/api/v1/heal/undo", "{\"action\":3}");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("job 4242 action 3 (neighbor-isolation) undone: 1 knobs restored"),
+        "{body}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&knob_file).expect("knob").trim(),
+        "100"
+    );
+    let (lines, _) = journal::read(&journal).expect("journal");
+    assert!(lines
+        .iter()
+        .any(|l| matches!(&l.record, Record::Reverted { by, .. } if by == "api")));
+    assert!(journal::outstanding(&lines).is_empty());
 }

@@ -1,7 +1,8 @@
 //! Plain tier: `slo-probe run` around a launcher that starts two ranks, as `torchrun` does: both
 //! python ranks load the shim that `run` injected (they read `CUDA_INJECTION64_PATH`, no GPU:
 //! iterations from step markers), register with the agent `run` started, and the report has
-//! both processes, their iterations and the job's straggler scores (rank 1 is slower).
+//! both processes, their iterations, the job's straggler scores (rank 1 is slower) and the
+//! shadow healer's view of both ranks.
 
 use std::process::Command;
 
@@ -19,9 +20,11 @@ fn a_launcher_with_two_ranks_gets_one_report_with_both() {
         format!(
             "[prometheus]\nlisten = \"{}\"\n[shim]\nlibrary = {:?}\n[gpu]\nnvml = false\n\
              [agent]\ntick_ms = 200\n[slo]\nwindow_ms = 500\nlearn_windows = 3\n\
-             warmup_iterations = 5\n",
+             warmup_iterations = 5\n[heal]\njournal = {:?}\njobs_dir = {:?}\n",
             free_addr(),
-            artefact("libslo_probe_cupti.so", "slo-probe-cupti")
+            artefact("libslo_probe_cupti.so", "slo-probe-cupti"),
+            dir.join("heal.jsonl"),
+            dir.join("jobs")
         ),
     )
     .expect("config");
@@ -73,7 +76,18 @@ fn a_launcher_with_two_ranks_gets_one_report_with_both() {
     assert_eq!((r0.rank, r1.rank), (0, 1));
     let (a, b) = (r0.relative.expect("score"), r1.relative.expect("score"));
     assert!((a - 1.0).abs() < 1e-9 && (0.3..0.7).contains(&b), "{a} {b}");
+    // The healer (shadow: the config's default, capped there without --heal) followed both
+    // ranks; their views stay in the report after the ranks ended.
+    let healer = r.state.healer.as_ref().expect("healer");
+    assert_eq!(healer.mode, "shadow");
+    for p in &r.state.processes {
+        assert!(
+            healer.state.contains(&format!("job {}", p.pid)),
+            "{healer:#?}"
+        );
+    }
     let text = std::fs::read_to_string(dir.join("ranks.txt")).expect("text");
     assert!(text.contains("stragglers of job two-ranks"), "{text}");
+    assert!(text.contains("healer:     shadow"), "{text}");
     assert!(err.contains("2 training processes, "), "{err}");
 }

@@ -23,31 +23,52 @@ fn tempdir(tag: &str) -> PathBuf {
     d
 }
 
-/// A config that finds no agent (its API address is a free port) and injects `library`.
-fn config(dir: &Path, library: &str) -> PathBuf {
+/// A config that finds no agent (its API address is a free port) and injects `library`; its
+/// healer journals in `dir` unless `heal` (a `[heal]` section) says otherwise.
+fn config(dir: &Path, library: &str, heal: Option<&str>) -> PathBuf {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("free port")
         .port();
     let path = dir.join("run.toml");
+    let heal = heal.map_or_else(|| heal_section(dir, &dir.join("heal.jsonl")), str::to_owned);
     std::fs::write(
         &path,
         format!(
             "[prometheus]\nlisten = \"127.0.0.1:{port}\"\n[shim]\nlibrary = {library:?}\n\
-             [gpu]\nnvml = false\n"
+             [gpu]\nnvml = false\n{heal}"
         ),
     )
     .expect("config");
     path
 }
 
+/// A `[heal]` section journalling at `journal`, with the jobs' channels in `dir`.
+fn heal_section(dir: &Path, journal: &Path) -> String {
+    format!(
+        "[heal]\njournal = {journal:?}\njobs_dir = {:?}\n",
+        dir.join("jobs")
+    )
+}
+
 /// `slo-probe run --no-ebpf -o REPORT FLAGS -- COMMAND` in `dir`.
 fn wrapper_with(dir: &Path, report: &str, flags: &[&str], command: &[&str]) -> Command {
+    wrapper_healing(dir, None, report, flags, command)
+}
+
+/// [`wrapper_with`] with its own `[heal]` section.
+fn wrapper_healing(
+    dir: &Path,
+    heal: Option<&str>,
+    report: &str,
+    flags: &[&str],
+    command: &[&str],
+) -> Command {
     let mut c = Command::new(BIN);
     c.current_dir(dir)
         .arg("run")
         .arg("--config")
-        .arg(config(dir, "/opt/test/libslo_probe_cupti.so"))
+        .arg(config(dir, "/opt/test/libslo_probe_cupti.so", heal))
         .args(["--no-ebpf", "-o", report])
         .args(flags)
         .arg("--")
@@ -238,7 +259,7 @@ fn an_existing_report_stops_run_before_the_command_and_names_are_numbered() {
         let out = Command::new(BIN)
             .current_dir(&dir)
             .args(["run", "--config"])
-            .arg(config(&dir, "/x.so"))
+            .arg(config(&dir, "/x.so", None))
             .args(["--no-ebpf", "--", "true"])
             .output()
             .expect("run");
@@ -267,7 +288,7 @@ fn an_existing_report_stops_run_before_the_command_and_names_are_numbered() {
 fn ctrl_c_in_a_terminal_reaches_the_command_once_and_the_report_is_written() {
     use portable_pty::{native_pty_system, CommandBuilder, PtySize};
     let dir = tempdir("pty");
-    let cfg = config(&dir, "/x.so");
+    let cfg = config(&dir, "/x.so", None);
     let pty = native_pty_system()
         .openpty(PtySize {
             rows: 24,
@@ -376,4 +397,137 @@ fn listen_serves_the_state_api_while_the_command_runs() {
         report(&dir.join("listen.json")).agent,
         "in-process without eBPF"
     );
+}
+
+#[test]
+fn heal_runs_the_healer_in_the_mode_asked_and_never_fails_the_command() {
+    use slo_probe::{
+        cli::run::HealMode,
+        healer::journal::{self, Record},
+    };
+    let dir = tempdir("heal");
+    let out = wrapper_with(&dir, "shadow", &["--heal", "shadow"], &["true"])
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let r = report(&dir.join("shadow.json"));
+    assert_eq!(r.heal, Some(HealMode::Shadow));
+    assert_eq!(
+        r.state.healer.as_ref().map(|h| h.mode.as_str()),
+        Some("shadow"),
+        "{:?}",
+        r.notes
+    );
+    let (lines, _) = journal::read(&dir.join("heal.jsonl")).expect("journal");
+    assert!(
+        lines
+            .iter()
+            .any(|l| matches!(&l.record, Record::Start { mode, .. } if mode == "shadow")),
+        "{lines:?}"
+    );
+    let txt = std::fs::read_to_string(dir.join("shadow.txt")).expect("txt");
+    assert!(txt.contains("healer:     shadow\n"), "{txt}");
+
+    // heal.mode = on in the config: without --heal a run only shadows.
+    let heal_on = format!(
+        "{}mode = \"on\"\n",
+        heal_section(&dir, &dir.join("heal.jsonl"))
+    );
+    let out = wrapper_healing(&dir, Some(&heal_on), "configured", &[], &["true"])
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let r = report(&dir.join("configured.json"));
+    assert_eq!(r.heal, None);
+    assert_eq!(
+        r.state.healer.as_ref().map(|h| h.mode.as_str()),
+        Some("shadow")
+    );
+    assert!(
+        r.notes
+            .iter()
+            .any(|n| n.contains("acts only with --heal on")),
+        "{:?}",
+        r.notes
+    );
+
+    // A journal that cannot be created (a file where its folder should be): said, noted, and
+    // the command runs all the same.
+    std::fs::write(dir.join("a-file"), "").expect("file");
+    let unusable = heal_section(&dir, &dir.join("a-file").join("heal.jsonl"));
+    let out = wrapper_healing(
+        &dir,
+        Some(&unusable),
+        "nojournal",
+        &["--heal", "on"],
+        &["sh", "-c", "exit 4"],
+    )
+    .output()
+    .expect("run");
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("slo-probe: heal on: cannot use the heal journal")
+            && err.contains("running without healing"),
+        "{err}"
+    );
+    let r = report(&dir.join("nojournal.json"));
+    assert!(r.state.healer.is_none());
+    assert!(
+        r.notes
+            .iter()
+            .any(|n| n.starts_with("no healer (heal on): cannot use the heal journal")),
+        "{:?}",
+        r.notes
+    );
+    let txt = std::fs::read_to_string(dir.join("nojournal.txt")).expect("txt");
+    assert!(
+        txt.contains("healer:     off (--heal on; see the notes)"),
+        "{txt}"
+    );
+}
+
+#[test]
+fn a_journal_a_running_agent_heals_with_is_left_to_it() {
+    let dir = tempdir("owner");
+    let journal = dir.join("heal.jsonl");
+    let agent_config = dir.join("agent.toml");
+    let listen = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port");
+    std::fs::write(
+        &agent_config,
+        format!(
+            "[shim]\nsocket = {:?}\n[gpu]\nnvml = false\n{}",
+            dir.join("agent.sock"),
+            heal_section(&dir, &journal)
+        ),
+    )
+    .expect("config");
+    let mut agent = Command::new(BIN)
+        .args(["agent", "--no-ebpf", "--log-level", "warn", "--config"])
+        .arg(&agent_config)
+        .args(["--listen", &listen.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .spawn()
+        .expect("slo-probe agent");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::read_to_string(&journal).map_or(true, |t| !t.contains("\"start\"")) {
+        assert!(Instant::now() < deadline, "the agent journalled no start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = wrapper_with(&dir, "owned", &["--heal", "on"], &["true"])
+        .output()
+        .expect("run");
+    let _ = agent.kill();
+    let _ = agent.wait();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    let owned = format!("the healer of the slo-probe agent with pid {}", agent.id());
+    assert!(err.contains(&owned), "{err}");
+    let r = report(&dir.join("owned.json"));
+    assert!(r.state.healer.is_none());
+    assert!(r.notes.iter().any(|n| n.contains(&owned)), "{:?}", r.notes);
 }

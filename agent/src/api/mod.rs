@@ -7,12 +7,15 @@
 //!   [`types::WatchEvent::Delta`] line per tick. A slow client only delays its own stream.
 //! - `POST /api/v1/diagnostic` ([`types::DiagnosticRequest`]) and `POST /api/v1/heal/undo`
 //!   ([`types::UndoRequest`]): only with `[api] allow_writes = true`, else 403; carried out by
-//!   the [`Control`] the agent wires in, else 501.
+//!   the [`Control`] the agent wires in ([`control::AgentControl`] in `slo-probe agent`), else
+//!   501; 404 for an unknown process or action, 409 for an ambiguous one, 500 when the
+//!   healer's journal or a knob failed.
 //!
 //! The types are in [`types`], the conversion from the core snapshot in [`convert`], a client
 //! in [`client`].
 
 pub mod client;
+pub mod control;
 pub mod convert;
 pub mod types;
 
@@ -47,6 +50,38 @@ pub enum ControlError {
     NoSuchAction {
         /// The id asked for.
         id: Option<u64>,
+    },
+    /// The action id is in force in several jobs.
+    #[error(
+        "action {id} is in force in jobs {}; name one with \"job\"",
+        .jobs.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+    )]
+    Ambiguous {
+        /// The id asked for.
+        id: u64,
+        /// The jobs that have it.
+        jobs: Vec<u32>,
+    },
+    /// Some knobs of the action could not be restored (the rest were).
+    #[error(
+        "job {job} action {id}: {} knobs could not be restored: {}",
+        .failed.len(),
+        .failed.join("; ")
+    )]
+    NotRestored {
+        /// The job.
+        job: u32,
+        /// The action.
+        id: u64,
+        /// Each knob and why.
+        failed: Vec<String>,
+    },
+    /// The healer's journal could not be read or written.
+    #[error("cannot undo the healer action")]
+    Heal {
+        /// Why.
+        #[source]
+        source: crate::healer::HealError,
     },
     /// This agent has nothing that carries the request out.
     #[error("{what} is not available in this agent")]
@@ -244,10 +279,19 @@ where
     };
     match run(control, &request) {
         Ok(message) => reply(StatusCode::OK, message),
-        Err(e @ ControlError::Unavailable { .. }) => {
-            reply(StatusCode::NOT_IMPLEMENTED, e.to_string())
+        Err(e) => {
+            let status = match e {
+                ControlError::Unavailable { .. } => StatusCode::NOT_IMPLEMENTED,
+                ControlError::NoSuchProcess { .. } | ControlError::NoSuchAction { .. } => {
+                    StatusCode::NOT_FOUND
+                }
+                ControlError::Ambiguous { .. } => StatusCode::CONFLICT,
+                ControlError::NotRestored { .. } | ControlError::Heal { .. } => {
+                    StatusCode::INTERNAL_SERVER_ERROR
+                }
+            };
+            reply(status, crate::error_chain(&e))
         }
-        Err(e) => reply(StatusCode::NOT_FOUND, e.to_string()),
     }
 }
 
@@ -264,7 +308,18 @@ mod tests {
             Ok(format!("pid {pid}: graph nodes for {} steps", req.steps))
         }
         fn heal_undo(&self, req: &UndoRequest) -> Result<String, ControlError> {
-            Err(ControlError::NoSuchAction { id: req.action })
+            Err(match req.action {
+                Some(1) => ControlError::Ambiguous {
+                    id: 1,
+                    jobs: vec![7, 8],
+                },
+                Some(2) => ControlError::NotRestored {
+                    job: 7,
+                    id: 2,
+                    failed: vec!["cpu.weight: read back 5".into()],
+                },
+                id => ControlError::NoSuchAction { id },
+            })
         }
     }
 
@@ -311,6 +366,17 @@ mod tests {
         assert!(t.contains("pid 7: graph nodes for 9 steps"), "{t}");
         let (s, t) = text(handle(post("/api/v1/heal/undo", ""), api(true), rx.clone()).await).await;
         assert_eq!(s, StatusCode::NOT_FOUND, "{t}");
+        let undo =
+            |body: &'static str| handle(post("/api/v1/heal/undo", body), api(true), rx.clone());
+        let (s, t) = text(undo(r#"{"action":1}"#).await).await;
+        assert_eq!(s, StatusCode::CONFLICT, "{t}");
+        assert!(t.contains("jobs 7, 8"), "{t}");
+        let (s, t) = text(undo(r#"{"action":2,"job":7}"#).await).await;
+        assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR, "{t}");
+        assert!(
+            t.contains("\"ok\":false") && t.contains("read back 5"),
+            "{t}"
+        );
         let (s, _) =
             text(handle(post("/api/v1/diagnostic", "{nope"), api(true), rx.clone()).await).await;
         assert_eq!(s, StatusCode::BAD_REQUEST);

@@ -648,10 +648,18 @@ impl Snapshot {
     }
 
     /// Keeps the processes in `pids` only (a job's part of a node-wide agent's answer): their
-    /// jobs' ranks, and the host by role summed over what is left (quantiles cannot be summed,
-    /// so they are absent there).
+    /// jobs' ranks, the healer's timeline entries about them (`target` is `pid N`), and the host
+    /// by role summed over what is left (quantiles cannot be summed, so they are absent there).
     pub fn retain_pids(&mut self, pids: &BTreeSet<u32>) {
         self.processes.retain(|p| pids.contains(&p.pid));
+        if let Some(h) = &mut self.healer {
+            h.timeline.retain(|e| {
+                e.target
+                    .strip_prefix("pid ")
+                    .and_then(|p| p.parse::<u32>().ok())
+                    .is_none_or(|p| pids.contains(&p))
+            });
+        }
         for j in &mut self.jobs {
             j.ranks.retain(|r| pids.contains(&r.pid));
         }
@@ -720,6 +728,9 @@ pub const DEFAULT_DIAGNOSTIC_STEPS: u32 = 50;
 pub struct UndoRequest {
     /// The action ([`HealerEvent::id`]); absent: the latest one still in force.
     pub action: Option<u64>,
+    /// The job ([`HealerEvent::target`]'s pid): action ids count per job, so an id in force
+    /// in several jobs needs it; absent: any job.
+    pub job: Option<u32>,
 }
 
 /// The answer of a write endpoint, and of every error.
@@ -838,10 +849,24 @@ mod tests {
                     },
                 ],
             }],
+            healer: Some(Healer {
+                timeline: [1, 3]
+                    .map(|pid| HealerEvent {
+                        target: format!("pid {pid}"),
+                        ..Default::default()
+                    })
+                    .to_vec(),
+                ..Default::default()
+            }),
             ..Default::default()
         };
         s.retain_pids(&BTreeSet::from([1, 2]));
         assert_eq!(s.processes.len(), 2);
+        assert_eq!(
+            s.healer.as_ref().map(|h| h.timeline.len()),
+            Some(1),
+            "pid 3's healer events go"
+        );
         assert_eq!(s.jobs[0].ranks.len(), 1);
         assert_eq!(s.host.roles.len(), 1);
         assert_eq!(s.host.roles[0].runq_waits, 6);

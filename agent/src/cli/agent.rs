@@ -1,5 +1,7 @@
-//! `slo-probe agent`: the collector thread, and the exporters the config enables (the
-//! Prometheus server, the OTLP exporter) on a small async runtime, until SIGINT or SIGTERM.
+//! `slo-probe agent`: the collector thread, the healer thread, and the exporters the config
+//! enables (the Prometheus server with the state API, the OTLP exporter) on a small async
+//! runtime, until SIGINT or SIGTERM. With `[api] allow_writes` the API's write endpoints are
+//! carried out by [`AgentControl`] (the shims' depth, the healer's journal).
 
 use std::{
     process::ExitCode,
@@ -11,7 +13,7 @@ use slo_probe_core::snapshot::Snapshot;
 use tokio::sync::watch;
 
 use crate::{
-    api::{self, Api},
+    api::{self, control::AgentControl, Api},
     collector::{self, Collector},
     config::{Config, HealMode},
     exporters::{
@@ -20,6 +22,7 @@ use crate::{
         Exporter,
     },
     healer,
+    sources::shim::ShimSource,
 };
 
 /// What the agent checks before it starts anything, and `config check` checks too: the OTLP
@@ -48,6 +51,8 @@ pub fn run(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
     crate::tune_allocator();
     let collector = Collector::new(&config, no_ebpf, false)?;
     let shim_socket = collector.shim().map(|s| s.path().display().to_string());
+    // Taken before the collector moves into its thread, which keeps owning the shims.
+    let shim = collector.shim().map(ShimSource::handle);
     if collector.ebpf_up() {
         if config.target.is_set() {
             log::info!(
@@ -72,15 +77,20 @@ pub fn run(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let mut exporters: Vec<Box<dyn Exporter>> = Vec::new();
         if config.prometheus.enabled {
+            let mut api = Api::new(api::convert::Context {
+                host: crate::sources::procfs::hostname(),
+                shim_socket: shim_socket.clone(),
+                writes_allowed: config.api.allow_writes,
+                heal_mode: config.heal.mode.as_str(),
+            });
+            if config.api.allow_writes {
+                api = api.with_control(Arc::new(AgentControl::new(shim.clone(), &config.heal)));
+                log::info!("the state API's write endpoints are on ([api] allow_writes)");
+            }
             let server =
                 PrometheusServer::bind(config.prometheus.listen, config.prometheus.per_thread)
                     .await?
-                    .with_api(Api::new(api::convert::Context {
-                        host: crate::sources::procfs::hostname(),
-                        shim_socket: shim_socket.clone(),
-                        writes_allowed: config.api.allow_writes,
-                        heal_mode: config.heal.mode.as_str(),
-                    }));
+                    .with_api(api);
             let addr = server.local_addr()?;
             log::info!("serving Prometheus metrics at http://{addr}/metrics");
             log::info!("serving the state API at http://{addr}/api/v1/snapshot and /api/v1/watch");

@@ -137,7 +137,9 @@ pub enum Cmd {
         /// Replace the report named by -o when it exists (else run refuses to start).
         #[arg(long)]
         force_overwrite: bool,
-        /// Let the healer act (`on`) or only record what it would do (`shadow`).
+        /// Let the healer act (`on`) or only record what it would do (`shadow`). Default: the
+        /// config's heal.mode, but at most shadow. An agent already running heals with its own
+        /// heal.mode.
         #[arg(long, value_enum, value_name = "MODE")]
         heal: Option<run::HealMode>,
         /// Seconds the command gets after a stop signal (INT, TERM, HUP, QUIT) before it and

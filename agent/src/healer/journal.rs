@@ -109,7 +109,7 @@ pub enum Record {
         /// The strategy.
         strategy: Strategy,
         /// Who: `healer` (a verdict), `restart` (the agent's start), `undo` (the command),
-        /// `job exited`, `failed apply`.
+        /// `api` (`POST /api/v1/heal/undo`), `job exited`, `failed apply`.
         by: String,
         /// Knobs restored and read back.
         restored: usize,

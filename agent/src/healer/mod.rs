@@ -90,8 +90,19 @@ pub fn restore_outstanding(
     by: &str,
 ) -> Result<Vec<(Outstanding, Restored)>, HealError> {
     let (lines, _) = journal::read(journal.path())?;
+    restore_actions(journal, io, by, journal::outstanding(&lines))
+}
+
+/// Restores `actions` (as [`journal::outstanding`] lists them, oldest first), newest first,
+/// and journals that `by` did it. What each restore did is returned, in that order.
+pub fn restore_actions(
+    journal: &mut Journal,
+    io: &mut dyn KnobIo,
+    by: &str,
+    actions: Vec<Outstanding>,
+) -> Result<Vec<(Outstanding, Restored)>, HealError> {
     let mut out = Vec::new();
-    for o in journal::outstanding(&lines).into_iter().rev() {
+    for o in actions.into_iter().rev() {
         let r = journal::restore(io, &o.changes);
         journal.append(Record::Reverted {
             key: o.key.clone(),
@@ -550,7 +561,9 @@ impl HealerLoop {
     }
 }
 
-/// Starts the healer thread: it runs one tick per new snapshot on `rx` until `stop` is set.
+/// Starts the healer thread: it runs one tick per new snapshot on `rx` until `stop` is set or
+/// the channel closes (after a tick of the last snapshot sent, so that a job that ended in it
+/// gets its actions undone: `slo-probe run` ends its healer that way).
 pub fn spawn(
     config: &HealConfig,
     mut rx: watch::Receiver<Arc<Snapshot>>,
@@ -573,7 +586,13 @@ pub fn spawn(
                         l.tick(&s);
                     }
                     Ok(false) => thread::sleep(Duration::from_millis(50)),
-                    Err(_) => break,
+                    Err(_) => {
+                        if rx.borrow().has_changed() {
+                            let s = rx.borrow_and_update().clone();
+                            l.tick(&s);
+                        }
+                        break;
+                    }
                 }
             }
             l.stop();

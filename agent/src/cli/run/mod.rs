@@ -15,12 +15,19 @@
 //!   reaches it once, from the terminal, and is not forwarded. INT, TERM, HUP, QUIT, USR1 and
 //!   USR2 sent to this process by another one are forwarded. After INT, TERM, HUP or QUIT the
 //!   command gets `--kill-after` seconds, then SIGKILL with its descendants.
+//! - Healer: an in-process agent runs the healer in `--heal`'s mode, else in the config's
+//!   `heal.mode` but never more than `shadow` (a run acts only when asked to), over the
+//!   config's `heal.journal`; a journal it cannot use, or one that another running agent's
+//!   healer owns, leaves the run without a healer (said, and noted in the report), never
+//!   fails it. When the command ends the healer takes one more snapshot (undoing what it had in
+//!   force for the command's processes, which are gone) and stops. An external agent heals
+//!   with its own `heal.mode`: `--heal` does not change it.
 //! - Report: JSON and a text summary, written to a temporary file and renamed; by default
 //!   `slo-probe-<host>-<n>.json` (and `.txt`) in the current directory with the first free `n`.
 //!   Its own lines go to stderr prefixed `slo-probe:`. The report is in [`report`].
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     io::Write as _,
     net::SocketAddr,
     path::{Path, PathBuf},
@@ -35,7 +42,7 @@ use std::{
 
 use libc::c_int;
 use serde::{Deserialize, Serialize};
-use slo_probe_core::snapshot::Snapshot as CoreSnapshot;
+use slo_probe_core::{healer::HealerView, snapshot::Snapshot as CoreSnapshot};
 use tokio::sync::watch;
 
 pub mod report;
@@ -52,8 +59,9 @@ use crate::{
         Api,
     },
     collector::{self, Collector},
-    config::Config,
+    config::{self, Config, HealConfig},
     exporters::prometheus::PrometheusServer,
+    healer::{self, journal},
     sources::procfs,
 };
 
@@ -65,6 +73,11 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 const SCAN_EVERY: Duration = Duration::from_secs(1);
 /// How often `run` looks at the command and at the signals it received.
 const POLL: Duration = Duration::from_millis(50);
+/// How often an in-process healer's views are copied for the report (a job's view leaves them
+/// at the healer's first tick after the job ended).
+const HEAL_VIEWS_EVERY: Duration = Duration::from_millis(200);
+/// How long the end of a run waits for its healer's last tick (undoing what it had in force).
+const HEAL_FINISH: Duration = Duration::from_secs(5);
 
 /// What the healer may do during the run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -74,6 +87,26 @@ pub enum HealMode {
     Shadow,
     /// Act, verify and roll back.
     On,
+}
+
+impl HealMode {
+    /// `shadow` or `on`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Shadow => "shadow",
+            Self::On => "on",
+        }
+    }
+}
+
+/// The mode of an in-process agent's healer: `--heal`, else the config's `heal.mode` capped at
+/// `shadow` (without `--heal on` a run never acts).
+pub fn heal_mode(flag: Option<HealMode>, configured: config::HealMode) -> config::HealMode {
+    match (flag, configured) {
+        (Some(HealMode::On), _) => config::HealMode::On,
+        (Some(HealMode::Shadow), _) | (None, config::HealMode::On) => config::HealMode::Shadow,
+        (None, mode) => mode,
+    }
 }
 
 /// Errors that stop `run` before the command starts (once it runs, nothing stops it).
@@ -239,11 +272,15 @@ fn kill(pid: u32, sig: c_int) {
 // ---------------------------------------------------------------------------------------------
 // The agent.
 
-/// A collector in this process, following the command's tree only.
+/// A collector in this process, following the command's tree only, and its healer.
 struct InProcess {
     collector: Option<Collector>,
     handle: Option<JoinHandle<Collector>>,
     stop: Arc<AtomicBool>,
+    /// Where the collector publishes (taken when it starts; the healer and the server read).
+    publish: Option<watch::Sender<Arc<CoreSnapshot>>>,
+    snapshots: watch::Receiver<Arc<CoreSnapshot>>,
+    healer: Option<RunHealer>,
     tick: Duration,
     ctx: convert::Context,
     /// The private socket's folder, removed at the end.
@@ -292,7 +329,7 @@ impl InProcess {
 
     /// Follows the command from `pid` and starts ticking.
     fn start(&mut self, pid: u32) {
-        let Some(mut c) = self.collector.take() else {
+        let (Some(mut c), Some(tx)) = (self.collector.take(), self.publish.take()) else {
             return;
         };
         if let Err(e) = c.add_root(pid) {
@@ -301,9 +338,8 @@ impl InProcess {
                 crate::error_chain(&e)
             ));
         }
-        let (tx, rx) = watch::channel(Arc::new(CoreSnapshot::default()));
         if let Some(addr) = self.listen {
-            self.serve(addr, rx);
+            self.serve(addr, self.snapshots.clone());
         }
         match collector::spawn(c, self.tick, tx, self.stop.clone()) {
             Ok(h) => self.handle = Some(h),
@@ -313,16 +349,28 @@ impl InProcess {
         }
     }
 
-    /// Stops ticking and returns the final state.
-    fn finish(mut self) -> Option<Snapshot> {
+    /// Stops ticking and the healer, and returns the final state; what the healer left in
+    /// force goes into `notes`.
+    fn finish(mut self, notes: &mut Vec<String>) -> Option<Snapshot> {
+        if let Some(h) = self.healer.as_mut() {
+            h.remember();
+        }
         self.stop.store(true, Ordering::Relaxed);
-        let mut c = self.handle.take()?.join().ok()?;
+        // The collector's last snapshot, after the command ended, closes the channel: the
+        // healer takes it and stops.
+        self.publish = None;
+        let joined = self.handle.take().and_then(|h| h.join().ok());
+        let seen = self.healer.take().map(|h| h.finish(notes));
+        let mut c = joined?;
         c.finish_gpu();
-        let s = c.tick();
+        let mut s = c.tick();
         drop(c);
         if let Some((runtime, stop)) = self.server.take() {
             let _ = stop.send(true);
             runtime.shutdown_timeout(Duration::from_secs(1));
+        }
+        if let Some(seen) = seen {
+            s.healers = with_ended_jobs(seen, std::mem::take(&mut s.healers));
         }
         Some(convert::snapshot(&s, &self.ctx))
     }
@@ -330,9 +378,162 @@ impl InProcess {
 
 impl Drop for InProcess {
     fn drop(&mut self) {
+        if let Some(h) = &self.healer {
+            h.stop.store(true, Ordering::Relaxed);
+        }
         // The private socket's folder, however the run ended.
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// An in-process agent's healer, and the latest view of every job it has seen.
+struct RunHealer {
+    handle: JoinHandle<()>,
+    views: healer::Views,
+    stop: Arc<AtomicBool>,
+    journal: PathBuf,
+    /// By job: a job's view leaves the healer's views once the job ended, and the report wants
+    /// the timeline of every job of the run.
+    seen: BTreeMap<u32, HealerView>,
+    remembered: Instant,
+}
+
+impl RunHealer {
+    /// Starts the healer in `heal.mode` on `snapshots`; `None` (with the reason said when
+    /// `loud`, and noted) where it cannot run.
+    fn start(
+        heal: &HealConfig,
+        snapshots: watch::Receiver<Arc<CoreSnapshot>>,
+        loud: bool,
+        notes: &mut Vec<String>,
+    ) -> Option<Self> {
+        let mode = heal.mode.as_str();
+        let mut off = |why: String| {
+            if loud {
+                say(&format!("heal {mode}: {why}; running without healing"));
+            }
+            notes.push(format!("no healer (heal {mode}): {why}"));
+        };
+        if let Some(pid) = journal_owner(&heal.journal) {
+            off(format!(
+                "the healer of the slo-probe agent with pid {pid} uses heal.journal {} (a second \
+                 healer would undo its actions); its heal.mode applies to the jobs it follows",
+                heal.journal.display()
+            ));
+            return None;
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        match healer::spawn(heal, snapshots, stop.clone()) {
+            Ok((handle, views)) => Some(Self {
+                handle,
+                views,
+                stop,
+                journal: heal.journal.clone(),
+                seen: BTreeMap::new(),
+                remembered: Instant::now(),
+            }),
+            Err(e) => {
+                off(crate::error_chain(&e));
+                None
+            }
+        }
+    }
+
+    /// Copies the healer's views (each job's latest).
+    fn remember(&mut self) {
+        self.remembered = Instant::now();
+        if let Ok(views) = self.views.lock() {
+            for v in views.iter() {
+                self.seen.insert(v.job, v.clone());
+            }
+        }
+    }
+
+    /// Waits (at most [`HEAL_FINISH`]) for the healer to take the collector's last snapshot
+    /// and stop, then stops it in any case; notes what this run's healer left in force.
+    /// Returns the views seen.
+    fn finish(mut self, notes: &mut Vec<String>) -> BTreeMap<u32, HealerView> {
+        let deadline = Instant::now() + HEAL_FINISH;
+        while !self.handle.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.stop.store(true, Ordering::Relaxed);
+        if self.handle.join().is_err() {
+            notes.push("the healer thread panicked".to_owned());
+        }
+        let left = left_in_force(&self.journal);
+        if left > 0 {
+            say(&format!(
+                "the healer left {left} actions in force (a process of the command still \
+                 runs?); `slo-probe heal undo` restores them"
+            ));
+            notes.push(format!(
+                "the healer left {left} actions in force; `slo-probe heal undo` restores them"
+            ));
+        }
+        std::mem::take(&mut self.seen)
+    }
+}
+
+/// The healers' views at the end, with the last view seen of every job that ended before.
+fn with_ended_jobs(mut seen: BTreeMap<u32, HealerView>, now: Vec<HealerView>) -> Vec<HealerView> {
+    for v in now {
+        seen.insert(v.job, v);
+    }
+    seen.into_values().collect()
+}
+
+/// The run id this process journalled last in `journal`.
+fn own_run(lines: &[journal::Line]) -> Option<&str> {
+    lines.iter().rev().find_map(|l| match &l.record {
+        journal::Record::Start { run, agent_pid, .. } if *agent_pid == std::process::id() => {
+            Some(run.as_str())
+        }
+        _ => None,
+    })
+}
+
+/// Actions this process's healer journalled as applied and never undid.
+fn left_in_force(path: &Path) -> usize {
+    let Ok((lines, _)) = journal::read(path) else {
+        return 0;
+    };
+    let Some(run) = own_run(&lines) else {
+        return 0;
+    };
+    journal::outstanding(&lines)
+        .iter()
+        .filter(|o| o.key.run == run)
+        .count()
+}
+
+/// A running slo-probe agent (or run) other than this process that started a healer on
+/// `journal`: its pid. Two healers on one journal would undo each other's actions at start.
+fn journal_owner(path: &Path) -> Option<u32> {
+    let (lines, _) = journal::read(path).ok()?;
+    let pids: BTreeSet<u32> = lines
+        .iter()
+        .filter_map(|l| match &l.record {
+            journal::Record::Start { agent_pid, .. } => Some(*agent_pid),
+            _ => None,
+        })
+        .collect();
+    pids.into_iter()
+        .filter(|&p| p != std::process::id())
+        .find(|&p| is_healing_agent(p))
+}
+
+/// Whether `pid` is `slo-probe agent` or `slo-probe run` (whose healers write a journal).
+fn is_healing_agent(pid: u32) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let mut args = cmdline.split(|b| *b == 0).filter(|a| !a.is_empty());
+    let named = args
+        .next()
+        .and_then(|a| Path::new(std::str::from_utf8(a).ok()?).file_name())
+        .is_some_and(|n| n == "slo-probe");
+    named && args.any(|a| a == b"agent" || a == b"run")
 }
 
 /// The agent that measures the run.
@@ -346,6 +547,19 @@ enum Agent {
 }
 
 impl Agent {
+    /// Copies the in-process healer's views now and then (see [`RunHealer::seen`]).
+    fn remember_healer(&mut self) {
+        if let Agent::InProcess(a) = self {
+            if let Some(h) = a
+                .healer
+                .as_mut()
+                .filter(|h| h.remembered.elapsed() >= HEAL_VIEWS_EVERY)
+            {
+                h.remember();
+            }
+        }
+    }
+
     fn describe(&self, ebpf: bool) -> String {
         match self {
             Agent::InProcess(_) if ebpf => "in-process".to_owned(),
@@ -367,6 +581,20 @@ fn start_agent(opts: &Options, notes: &mut Vec<String>) -> (Agent, bool, Option<
             if s.agent.shim_socket.is_none() {
                 notes.push(format!(
                     "the agent at {} does not accept CUPTI shims: no GPU data",
+                    endpoint.url()
+                ));
+            }
+            if let Some(flag) = opts.heal {
+                let mode = s.healer.as_ref().map_or("off", |h| h.mode.as_str());
+                say(&format!(
+                    "--heal {}: the agent at {} heals with its own heal.mode ({mode}); --heal \
+                     does not change it",
+                    flag.as_str(),
+                    endpoint.url()
+                ));
+                notes.push(format!(
+                    "--heal {} not applied: the agent at {} heals with its heal.mode ({mode})",
+                    flag.as_str(),
                     endpoint.url()
                 ));
             }
@@ -402,6 +630,9 @@ fn start_agent(opts: &Options, notes: &mut Vec<String>) -> (Agent, bool, Option<
                 "cannot start an agent ({why}); running the command unmeasured"
             ));
             notes.push(format!("no agent: {why}"));
+            if let Some(flag) = opts.heal {
+                notes.push(format!("--heal {}: no agent, so no healer", flag.as_str()));
+            }
             return (Agent::Off, false, None);
         }
     };
@@ -413,16 +644,41 @@ fn start_agent(opts: &Options, notes: &mut Vec<String>) -> (Agent, bool, Option<
     if socket.is_none() {
         notes.push("the shims' socket is not listening: no GPU data".to_owned());
     }
+    let mut collector = collector;
+    let (publish, snapshots) = watch::channel(Arc::new(CoreSnapshot::default()));
+    config.heal.mode = heal_mode(opts.heal, config.heal.mode);
+    if opts.heal.is_none() && opts.config.heal.mode == config::HealMode::On {
+        notes.push(
+            "heal.mode = on in the config: run acts only with --heal on, so the healer shadows"
+                .to_owned(),
+        );
+    }
+    let healer = if config.heal.mode == config::HealMode::Off {
+        None
+    } else {
+        RunHealer::start(&config.heal, snapshots.clone(), opts.heal.is_some(), notes)
+    };
+    if let Some(h) = &healer {
+        // Its views go into every snapshot from now on.
+        collector.set_healer_views(h.views.clone());
+    }
     let ctx = convert::Context {
         host: procfs::hostname(),
         shim_socket: socket.as_ref().map(|p| p.display().to_string()),
         writes_allowed: false,
-        heal_mode: "off",
+        heal_mode: if healer.is_some() {
+            config.heal.mode.as_str()
+        } else {
+            "off"
+        },
     };
     let agent = InProcess {
         collector: Some(collector),
         handle: None,
         stop: Arc::new(AtomicBool::new(false)),
+        publish: Some(publish),
+        snapshots,
+        healer,
         tick: config.tick(),
         ctx,
         dir,
@@ -543,7 +799,7 @@ struct Waited {
 }
 
 /// Waits for the command, forwarding signals and escalating to SIGKILL.
-fn wait(child: &mut Child, kill_after: Duration) -> Waited {
+fn wait(child: &mut Child, kill_after: Duration, agent: &mut Agent) -> Waited {
     let pid = child.id();
     let mut pids = BTreeSet::from([pid]);
     let mut deadline: Option<Instant> = None;
@@ -591,6 +847,7 @@ fn wait(child: &mut Child, kill_after: Duration) -> Waited {
             scanned = Instant::now();
             procfs::add_descendants(&mut pids);
         }
+        agent.remember_healer();
         std::thread::sleep(POLL);
     };
     Waited {
@@ -618,14 +875,6 @@ pub fn run(opts: Options) -> Result<Outcome, RunError> {
         return Ok(Outcome::Exited(code));
     }
     let mut notes = Vec::new();
-    if let Some(mode) = opts.heal {
-        // The healer is not part of the agent yet; the flag is kept for when it is.
-        let m = if mode == HealMode::On { "on" } else { "shadow" };
-        say(&format!(
-            "--heal {m}: this agent has no healer yet; running without one"
-        ));
-        notes.push(format!("--heal {m}: no healer in this agent"));
-    }
     let (mut agent, ebpf, socket) = start_agent(&opts, &mut notes);
 
     // The shim.
@@ -687,7 +936,7 @@ pub fn run(opts: Options) -> Result<Outcome, RunError> {
             ));
         }
     };
-    let waited = wait(&mut child, opts.kill_after);
+    let waited = wait(&mut child, opts.kill_after, &mut agent);
     let wall = start.elapsed();
     let outcome = match &waited.status {
         Ok(st) => outcome_of(st),
@@ -747,7 +996,7 @@ fn report_and_write(f: Finish<'_>) {
     let description = agent.describe(ebpf);
     let mut pids = waited.pids;
     let state = match agent {
-        Agent::InProcess(a) => a.finish(),
+        Agent::InProcess(a) => a.finish(&mut notes),
         Agent::External(endpoint) => match endpoint.snapshot(Duration::from_secs(5)) {
             Ok(mut s) => {
                 s.retain_pids(&pids);
@@ -830,6 +1079,64 @@ mod tests {
             .map(|s| (*s).to_owned())
             .collect();
         assert_eq!(shell_join(&args), r#"sh -c 'echo '\''a b'\''; exit 3' x"#);
+    }
+
+    #[test]
+    fn a_run_acts_only_with_heal_on() {
+        use config::HealMode as M;
+        for (flag, configured, want) in [
+            (None, M::Off, M::Off),
+            (None, M::Shadow, M::Shadow),
+            (None, M::On, M::Shadow),
+            (Some(HealMode::Shadow), M::Off, M::Shadow),
+            (Some(HealMode::Shadow), M::On, M::Shadow),
+            (Some(HealMode::On), M::Off, M::On),
+        ] {
+            assert_eq!(heal_mode(flag, configured), want, "{flag:?} {configured:?}");
+        }
+    }
+
+    fn view(job: u32, phase_since_ns: u64) -> HealerView {
+        HealerView {
+            job,
+            phase_since_ns,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_report_keeps_the_views_of_jobs_that_ended() {
+        let seen = BTreeMap::from([(1, view(1, 5)), (2, view(2, 5))]);
+        let merged = with_ended_jobs(seen, vec![view(2, 9), view(3, 9)]);
+        let got: Vec<(u32, u64)> = merged.iter().map(|v| (v.job, v.phase_since_ns)).collect();
+        assert_eq!(got, [(1, 5), (2, 9), (3, 9)]);
+    }
+
+    #[test]
+    fn a_journal_of_dead_or_other_processes_has_no_owner() {
+        let dir = std::env::temp_dir().join(format!("slo-probe-run-owner-{}", std::process::id()));
+        let path = dir.join("heal.jsonl");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(journal_owner(&path), None);
+        let mut j = journal::Journal::open(&path).expect("journal");
+        // This test process, init, and a pid that is not running.
+        for agent_pid in [std::process::id(), 1, u32::MAX - 1] {
+            j.append(journal::Record::Start {
+                run: format!("{agent_pid}-1"),
+                agent_pid,
+                mode: "on".into(),
+            })
+            .expect("append");
+        }
+        assert_eq!(journal_owner(&path), None);
+        let (lines, _) = journal::read(&path).expect("read");
+        assert_eq!(
+            own_run(&lines),
+            Some(format!("{}-1", std::process::id()).as_str())
+        );
+        assert_eq!(left_in_force(&path), 0);
+        assert!(!is_healing_agent(std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! `--force-overwrite`).
 
 use std::{
+    collections::BTreeSet,
     fmt::Write as _,
     path::{Path, PathBuf},
 };
@@ -74,7 +75,7 @@ pub struct RunReport {
     pub agent: String,
     /// Why measuring was partial or off, when it was.
     pub notes: Vec<String>,
-    /// `--heal`.
+    /// `--heal` (the mode the healer ran in is `state.healer.mode`; no healer: absent).
     pub heal: Option<HealMode>,
     /// The shim library injected (`CUDA_INJECTION64_PATH`), if `run` set it.
     pub injected: Option<String>,
@@ -263,6 +264,52 @@ fn score(x: Option<f64>) -> String {
     x.map_or("-".to_owned(), |x| format!("{x:.2}"))
 }
 
+/// The healer's mode as it ran (`off` when none ran), and `--heal` when it asked otherwise.
+fn healer_mode(r: &RunReport) -> String {
+    let mode = r.state.healer.as_ref().map_or("off", |h| h.mode.as_str());
+    match r.heal.map(HealMode::as_str) {
+        Some(asked) if asked != mode => format!("{mode} (--heal {asked}; see the notes)"),
+        _ => mode.to_owned(),
+    }
+}
+
+/// The healer's part of the summary: how many actions it decided and what became of them;
+/// nothing when it decided none and `--heal` was not given.
+fn healer_line(h: &types::Healer, asked: bool) -> Option<String> {
+    let count = |kind: &str| h.timeline.iter().filter(|e| e.kind == kind).count();
+    let actions: BTreeSet<(&str, u64)> = h
+        .timeline
+        .iter()
+        .filter(|e| e.id > 0)
+        .map(|e| (e.target.as_str(), e.id))
+        .collect();
+    if actions.is_empty() {
+        return asked.then(|| format!("healer ({}): no action; {}", h.mode, h.state));
+    }
+    let parts: Vec<String> = [
+        ("applied", count("applied")),
+        ("shadow only", count("shadow")),
+        ("kept", count("kept")),
+        ("reverted", count("reverted")),
+        ("failed", count("apply_failed") + count("revert_failed")),
+    ]
+    .into_iter()
+    .filter(|(_, n)| *n > 0)
+    .map(|(what, n)| format!("{n} {what}"))
+    .collect();
+    Some(format!(
+        "healer ({}): {} action{}{}; the timeline is in the report",
+        h.mode,
+        actions.len(),
+        if actions.len() == 1 { "" } else { "s" },
+        if parts.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", parts.join(", "))
+        }
+    ))
+}
+
 /// The lines `run` prints to stderr at the end.
 pub fn summary(r: &RunReport) -> Vec<String> {
     let mut out = vec![format!(
@@ -307,6 +354,14 @@ pub fn summary(r: &RunReport) -> Vec<String> {
         }
         out.push(line);
     }
+    if let Some(line) = r
+        .state
+        .healer
+        .as_ref()
+        .and_then(|h| healer_line(h, r.heal.is_some()))
+    {
+        out.push(line);
+    }
     out
 }
 
@@ -332,12 +387,8 @@ pub fn text(r: &RunReport) -> String {
         }
     );
     let _ = writeln!(out, "agent:      {}", r.agent);
-    if let Some(h) = r.heal {
-        let _ = writeln!(
-            out,
-            "healer:     {}",
-            if h == HealMode::On { "on" } else { "shadow" }
-        );
+    if r.heal.is_some() || s.healer.is_some() {
+        let _ = writeln!(out, "healer:     {}", healer_mode(r));
     }
     if let Some(lib) = &r.injected {
         let _ = writeln!(out, "shim:       {lib}");
@@ -525,5 +576,58 @@ mod tests {
         }
         let s = summary(&r).join("\n");
         assert!(s.contains("1 open violation: iteration p99"), "{s}");
+        assert!(!s.contains("healer"), "no healer, no --heal: {s}");
+        assert!(!t.contains("healer"), "{t}");
+    }
+
+    #[test]
+    fn the_healers_actions_are_summed_up_and_listed() {
+        let event = |id, kind: &str| types::HealerEvent {
+            id,
+            kind: kind.into(),
+            strategy: "deadline-aware".into(),
+            target: "pid 9".into(),
+            detail: format!("job 9: {kind}"),
+            ..Default::default()
+        };
+        let mut r = RunReport {
+            heal: Some(HealMode::Shadow),
+            state: Snapshot {
+                healer: Some(types::Healer {
+                    mode: "shadow".into(),
+                    state: "job 9: watching".into(),
+                    timeline: vec![
+                        event(0, "diagnosed"),
+                        event(1, "chose"),
+                        event(1, "shadow"),
+                        event(2, "chose"),
+                        event(2, "shadow"),
+                    ],
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let t = text(&r);
+        for want in [
+            "healer:     shadow\n",
+            "healer (shadow): job 9: watching",
+            "#1 shadow deadline-aware on pid 9: job 9: shadow",
+        ] {
+            assert!(t.contains(want), "{want}: {t}");
+        }
+        let s = summary(&r).join("\n");
+        assert!(
+            s.contains("healer (shadow): 2 actions (2 shadow only); the timeline is in the report"),
+            "{s}"
+        );
+        // Asked, but none ran: the notes say why.
+        r.heal = Some(HealMode::On);
+        r.state.healer = None;
+        assert!(
+            text(&r).contains("healer:     off (--heal on; see the notes)"),
+            "{}",
+            text(&r)
+        );
     }
 }

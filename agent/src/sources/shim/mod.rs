@@ -441,22 +441,57 @@ impl ShimSource {
         }
     }
 
-    /// Asks every connected shim for node-level graph tracing during `steps` iterations.
-    pub fn request_diagnostic(&self, steps: u32) {
-        use slo_probe_common::{
-            gpu::DEPTH_NODES,
-            ring::{encode_depth_request, next_generation, DepthDuration},
-        };
-        if let Ok(s) = self.state.lock() {
-            for c in &s.conns {
-                let h = c.ring.header();
-                let generation = next_generation(h.control.load(Ordering::Relaxed));
-                h.control.store(
-                    encode_depth_request(generation, DEPTH_NODES, DepthDuration::Steps(steps)),
-                    Ordering::Release,
-                );
-            }
+    /// A handle on the connected shims for requests from outside the collector (the state
+    /// API's diagnostic endpoint); the source stays their owner.
+    pub fn handle(&self) -> ShimHandle {
+        ShimHandle {
+            state: Arc::downgrade(&self.state),
         }
+    }
+
+    /// Asks the shim of `pid` (every connected shim when `None`) for node-level graph tracing
+    /// during `steps` iterations; returns the pids asked. See [`ShimHandle::request_diagnostic`].
+    pub fn request_diagnostic(&self, pid: Option<u32>, steps: u32) -> Vec<u32> {
+        self.handle().request_diagnostic(pid, steps)
+    }
+}
+
+/// Reaches the connected shims from another thread without owning them: it holds the source's
+/// state weakly, so once the source is dropped (and its threads have stopped) no shim is
+/// connected through it any more.
+#[derive(Clone)]
+pub struct ShimHandle {
+    state: std::sync::Weak<Mutex<State>>,
+}
+
+impl ShimHandle {
+    /// Asks the shim of `pid` (every connected shim when `None`) for node-level graph tracing
+    /// during `steps` iterations; returns the pids asked, in registration order (empty when
+    /// none of them is connected). The request is the shim's control word, as the source's own
+    /// depth requests are: a later depth the SLO engine asks for replaces it.
+    pub fn request_diagnostic(&self, pid: Option<u32>, steps: u32) -> Vec<u32> {
+        use slo_probe_common::gpu::DEPTH_NODES;
+        let Some(state) = self.state.upgrade() else {
+            return Vec::new();
+        };
+        let Ok(s) = state.lock() else {
+            return Vec::new();
+        };
+        let mut asked = Vec::new();
+        for c in s
+            .conns
+            .iter()
+            .filter(|c| !c.closed && pid.is_none_or(|p| p == c.pid))
+        {
+            let h = c.ring.header();
+            let generation = next_generation(h.control.load(Ordering::Relaxed));
+            h.control.store(
+                encode_depth_request(generation, DEPTH_NODES, DepthDuration::Steps(steps)),
+                Ordering::Release,
+            );
+            asked.push(c.pid);
+        }
+        asked
     }
 }
 
