@@ -1,0 +1,145 @@
+//! The real-fault suite replayed (issue 12): every fixture recorded on the H200 by
+//! `scripts/gpu-faults` (tests/fixtures/faults/faults-*.tar.gz: one trimmed recording per
+//! injected fault or healthy run, its host samples, and the answer the job wrote at the
+//! fault's CLOCK_MONOTONIC onset) goes through `slo-probe replay` as the agent ran it, with the
+//! suite's SLO tree (scripts/faults/agent.toml). The answers come from the job, not from the
+//! engine.
+//!
+//! Asserted (what holds today): every recording replays; with step markers, iterations within
+//! 1% of the job's true steps; no traced iteration busier than its period on the GPU; every
+//! fault with a measured effect (step time ≥ 1.10× before) opens a violation between its onset
+//! and 6 s after its end. Printed, not asserted (the attribution does not meet the issue's
+//! bars yet: see bench/results/faults-h200.md): the top-1 cause against the expected operator
+//! and dimension, and violations on healthy runs.
+
+use std::{path::Path, process::Command};
+
+use slo_probe::{cli::replay, config::Config};
+
+fn fixtures() -> Vec<std::path::PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/faults");
+    let mut v: Vec<_> = std::fs::read_dir(&dir)
+        .expect("tests/fixtures/faults")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(".tar.gz"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn answers(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.file_name().is_some_and(|n| n == "answer.json") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
+    let tmp = std::env::temp_dir().join(format!("slo-probe-faults-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).expect("tmp");
+    for a in fixtures() {
+        let ok = Command::new("tar")
+            .arg("xzf")
+            .arg(&a)
+            .arg("-C")
+            .arg(&tmp)
+            .status()
+            .expect("tar");
+        assert!(ok.success(), "cannot unpack {}", a.display());
+    }
+    let spec = Config::from_file(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/faults/agent.toml"),
+    )
+    .expect("the suite's config")
+    .slo;
+    let opts = replay::ReplayOptions {
+        spec: Some(spec),
+        sidecars: true,
+        ..Default::default()
+    };
+    let (mut n, mut faults, mut detected, mut top1, mut healthy_quiet, mut healthy) =
+        (0, 0, 0, 0, 0, 0);
+    let mut problems = Vec::new();
+    for answer in answers(&tmp) {
+        let dir = answer.parent().expect("folder");
+        let name = dir.file_name().expect("name").to_string_lossy().into_owned();
+        let a: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&answer).expect("answer")).expect("json");
+        let Some(bin) = std::fs::read_dir(dir)
+            .expect("fixture")
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|x| x == "bin"))
+        else {
+            continue;
+        };
+        let r = replay::replay_with(&bin, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        n += 1;
+        assert!(r.host_samples > 0, "{name}: its host samples were not replayed");
+        let its: Vec<_> = r.process.iterations.iter().collect();
+        let truth = a["fixture"]["true_steps"].as_u64().unwrap_or(0);
+        let got = its.len() as u64;
+        if truth > 0 && got.abs_diff(truth) * 100 > truth {
+            problems.push(format!("{name}: {got} iterations, the job made {truth}"));
+        }
+        for i in its.iter().filter(|i| i.traced && i.step_ns() > 0) {
+            let util = i.gpu_busy_ns as f64 / i.step_ns() as f64;
+            if util > 1.0 + 1e-9 {
+                problems.push(format!("{name}: an iteration {:.1}% busy", util * 100.0));
+                break;
+            }
+        }
+        let violations = r.process.slo.as_ref().map_or(&[][..], |s| &s.violations[..]);
+        if a["kind"] == "healthy" {
+            healthy += 1;
+            healthy_quiet += usize::from(violations.is_empty());
+            continue;
+        }
+        let (Some(onset), Some(end)) = (a["onset_ns"].as_u64(), a["end_ns"].as_u64()) else {
+            continue;
+        };
+        let effect = a["effect"]["ratio"].as_f64().unwrap_or(0.0);
+        if effect < 1.10 {
+            continue; // the fault did not slow the job: nothing to detect
+        }
+        faults += 1;
+        let first = violations
+            .iter()
+            .filter(|v| (onset..=end + 6_000_000_000).contains(&v.opened_ns))
+            .min_by_key(|v| v.opened_ns);
+        match first {
+            Some(v) => {
+                detected += 1;
+                let top = v.attribution.as_ref().and_then(|at| at.top());
+                let want = a["expect"]["op"].as_str().unwrap_or("");
+                if top.is_some_and(|c| !want.is_empty() && *c.op == *want) {
+                    top1 += 1;
+                }
+            }
+            None => problems.push(format!(
+                "{name}: no violation opened for {} (step time {effect:.2}x)",
+                a["kind"]
+            )),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    eprintln!(
+        "fault suite: {n} recordings; {detected}/{faults} faults with an effect detected; \
+         top-1 operator {top1}/{detected}; healthy runs without a violation \
+         {healthy_quiet}/{healthy}"
+    );
+    assert!(n >= 30, "only {n} fixtures found");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
