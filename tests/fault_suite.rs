@@ -74,7 +74,11 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
     let mut problems = Vec::new();
     for answer in answers(&tmp) {
         let dir = answer.parent().expect("folder");
-        let name = dir.file_name().expect("name").to_string_lossy().into_owned();
+        let name = dir
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
         let a: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&answer).expect("answer")).expect("json");
         let Some(bin) = std::fs::read_dir(dir)
@@ -87,7 +91,10 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
         };
         let r = replay::replay_with(&bin, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
         n += 1;
-        assert!(r.host_samples > 0, "{name}: its host samples were not replayed");
+        assert!(
+            r.host_samples > 0,
+            "{name}: its host samples were not replayed"
+        );
         let its: Vec<_> = r.process.iterations.iter().collect();
         let truth = a["fixture"]["true_steps"].as_u64().unwrap_or(0);
         let got = its.len() as u64;
@@ -101,7 +108,11 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
                 break;
             }
         }
-        let violations = r.process.slo.as_ref().map_or(&[][..], |s| &s.violations[..]);
+        let violations = r
+            .process
+            .slo
+            .as_ref()
+            .map_or(&[][..], |s| &s.violations[..]);
         if a["kind"] == "healthy" {
             healthy += 1;
             healthy_quiet += usize::from(violations.is_empty());
