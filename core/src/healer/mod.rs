@@ -1184,19 +1184,7 @@ impl Healer {
                 if window.len() < self.window_iterations() {
                     return Decision::Nothing; // still collecting the before window
                 }
-                // One regime only: when its older half differs from its newer half (the fault
-                // began, or changed, inside it), keep the newer half and wait for the rest.
-                let b = self.config.block_iterations as usize;
-                let ms: Vec<f64> = window.iter().map(|s| s.wall_ms).collect();
-                let blocks = verify::block_means(&ms, b);
-                let (old, new) = blocks.split_at(blocks.len() / 2);
-                if verify::compare(old, new).is_some_and(|c| {
-                    c.p_better < self.config.alpha || c.p_worse < self.config.alpha
-                }) {
-                    self.regime_start_ns = window[old.len() * b - 1].end_ns + 1;
-                    return Decision::Nothing;
-                }
-                let before = ms;
+                let before: Vec<f64> = window.iter().map(|s| s.wall_ms).collect();
                 let from = v.opened_ns.max(v.since_ns).max(self.regime_start_ns);
                 let mut nodes: BTreeMap<String, Vec<f64>> = BTreeMap::new();
                 for t in self.ticks.iter().filter(|t| t.at_ns >= from) {
@@ -1355,6 +1343,12 @@ impl Healer {
             a.arm.strategy,
             now + (self.config.strategy_cooldown_s * NS) as u64,
         );
+        if reason == RevertReason::EarlyWorsening {
+            // The job got clearly worse while the action was in force: the fault itself may
+            // have grown (a throttled group takes a while to feel its quota), so the next
+            // attempt is judged against the job as it is after the revert, not the old window.
+            self.before = None;
+        }
         self.regime_start_ns = now;
         self.enter(Phase::RolledBack, now);
         Decision::Revert {
