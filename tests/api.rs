@@ -25,25 +25,10 @@ use slo_probe::{
     },
 };
 use slo_probe_core::healer::{Level, Strategy};
-use slo_probe_tests::{artefact, free_addr, http_get};
+use slo_probe_tests::{artefact, free_addr, http_get, Procs};
 
 fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("slo-probe-api-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
-}
-
-/// Kills its processes when dropped.
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+    slo_probe_tests::tempdir("api", tag)
 }
 
 fn agent(dir: &Path, extra: &str) -> (Child, SocketAddr) {

@@ -695,3 +695,23 @@ pub mod hostile {
         RING_HEADER_LEN + data
     }
 }
+
+/// A fresh, empty folder for one test: `<tmp>/slo-probe-<suite>-<tag>-<pid>`.
+pub fn tempdir(suite: &str, tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("slo-probe-{suite}-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+/// Child processes killed (SIGKILL) and reaped when dropped.
+pub struct Procs(pub Vec<std::process::Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

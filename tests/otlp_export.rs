@@ -259,10 +259,7 @@ fn job(dir: &Path, rank: u32, job: &str, fast: u32) -> Child {
 }
 
 fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("slo-probe-otlp-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
+    slo_probe_tests::tempdir("otlp", tag)
 }
 
 fn attr<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a Value> {

@@ -14,28 +14,13 @@ use std::{
 };
 
 use portable_pty::{native_pty_system, CommandBuilder, PtySize};
-use slo_probe_tests::{artefact, free_addr, http_get};
+use slo_probe_tests::{artefact, free_addr, http_get, Procs};
 
 const ROWS: u16 = 40;
 const COLS: u16 = 120;
 
 fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("slo-probe-top-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
-}
-
-/// Kills its processes when dropped.
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+    slo_probe_tests::tempdir("top", tag)
 }
 
 fn agent(dir: &Path) -> (Child, SocketAddr) {
