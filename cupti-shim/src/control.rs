@@ -179,6 +179,7 @@ impl Shim {
             kernel_launches: r(&h.kernels_driver) + r(&h.kernels_runtime),
             kernel_records: r(&self.counters.kernel_records),
             toggle_ns: r(&self.counters.toggle_ns),
+            gpu_lag_ns: r(&self.counters.gpu_lag_ns),
         }
     }
 

@@ -213,6 +213,10 @@ pub struct Observed {
     pub kernel_records: u64,
     /// Time the flusher spent switching CUPTI, ns.
     pub toggle_ns: u64,
+    /// How long after their launch kernels finish on the GPU lately (a CPU running ahead
+    /// queues work), ns; 0 while unknown. CUPTI records a kernel when it runs: a window stays
+    /// open this much longer, so that what its steps launched is traced.
+    pub gpu_lag_ns: u64,
 }
 
 /// The depth wanted now and when to be asked again.
@@ -254,7 +258,13 @@ struct Window {
     at: Observed,
     /// Opened by time (no markers).
     millis: bool,
+    /// Once its steps (or its time) are done: until when it stays open for the GPU to run
+    /// what they launched.
+    drain_until: Option<u64>,
 }
+
+/// The longest a window stays open after its steps for the GPU to catch up.
+pub const MAX_DRAIN_NS: u64 = 2 * SEC;
 
 /// The depth state machine.
 #[derive(Debug)]
@@ -470,13 +480,19 @@ impl Planner {
             .map_or(0, |r| r.depth)
             .max(self.script.map_or(0, |r| r.depth));
         if self.sampling() {
-            if let Some(w) = self.window {
-                let done = if w.millis {
+            if let Some(mut w) = self.window {
+                let launched = if w.millis {
                     o.now_ns >= w.at.now_ns + self.cfg.window_ms * MS
                 } else {
                     // W complete steps: the step running when the window opened is not one.
                     o.steps > w.at.steps + self.cfg.window_steps
                 };
+                // Then the GPU runs what they launched.
+                if launched && w.drain_until.is_none() {
+                    w.drain_until = Some(o.now_ns + o.gpu_lag_ns.min(MAX_DRAIN_NS));
+                    self.window = Some(w);
+                }
+                let done = w.drain_until.is_some_and(|t| o.now_ns >= t);
                 if requested > DEPTH_TIMING {
                     // A request took over: this window measures nothing.
                     self.window = None;
@@ -504,6 +520,7 @@ impl Planner {
                     self.window = Some(Window {
                         at: *o,
                         millis: self.millis,
+                        drain_until: None,
                     });
                     self.windows += 1;
                 }
@@ -538,6 +555,13 @@ impl Planner {
         }
         if self.sampling() {
             match (self.window, self.next) {
+                (
+                    Some(Window {
+                        drain_until: Some(t),
+                        ..
+                    }),
+                    _,
+                ) => at_ns(t),
                 (Some(w), _) if w.millis => at_ns(w.at.now_ns + self.cfg.window_ms * MS),
                 (Some(w), _) => at_step(w.at.steps + self.cfg.window_steps + 1),
                 // Due but held by a request: the request's end wakes the planner.
@@ -757,6 +781,32 @@ mod tests {
         assert!(!pub_.millis);
         assert!((150..=175).contains(&pub_.period), "period {}", pub_.period);
         assert!(job.sampled > 3_000, "{} sampled steps", job.sampled);
+    }
+
+    /// A GPU-bound job whose CPU runs 150 ms ahead of the GPU (five 30 ms steps, as an eager
+    /// transformer on the H200): a window stays open after its steps until the GPU ran what
+    /// they launched, and no longer than that; the budget still holds.
+    #[test]
+    fn a_window_stays_open_until_the_gpu_ran_its_steps() {
+        let mut job = Job::new(30 * MS, 190);
+        job.o.gpu_lag_ns = 150 * MS;
+        let mut p = Planner::new(Config::default(), job.o.now_ns);
+        let changes = run(&mut job, &mut p, 20_000);
+        assert_eq!(changes[0], (10, DEPTH_KERNELS));
+        // Six step ends, then five more steps (150 ms) for the queue to drain.
+        assert_eq!(changes[1], (21, DEPTH_TIMING));
+        let share = job.extra_ns as f64 / (job.total_ns - job.extra_ns) as f64;
+        assert!(share <= 0.005, "overhead {share:.4} over budget");
+        // A lag beyond MAX_DRAIN_NS is capped.
+        let mut job = Job::new(30 * MS, 190);
+        job.o.gpu_lag_ns = 60 * SEC;
+        let mut p = Planner::new(Config::default(), job.o.now_ns);
+        let changes = run(&mut job, &mut p, 200);
+        let open = changes[1].0 - changes[0].0;
+        assert!(
+            open <= 6 + MAX_DRAIN_NS / (30 * MS) + 1,
+            "open for {open} steps"
+        );
     }
 
     #[test]

@@ -165,6 +165,8 @@ struct Counters {
     depth_changes: AtomicU64,
     /// Time the flusher spent switching CUPTI, ns.
     toggle_ns: AtomicU64,
+    /// Launch to end on the GPU of the stamped kernels, smoothed over buffers, ns.
+    gpu_lag_ns: AtomicU64,
     /// Depth switches that failed (CUPTI refused a kind).
     switch_errors: AtomicU64,
     /// Mirrors of the control state, for readers that must not take its lock.
@@ -561,6 +563,8 @@ struct Tally {
     corr_misses: u64,
     kernel_hits_driver: u64,
     kernel_hits_runtime: u64,
+    /// The longest launch-to-end of a stamped kernel in the buffer, ns.
+    lag_max_ns: u64,
 }
 
 impl Tally {
@@ -579,6 +583,17 @@ impl Tally {
             if n > 0 {
                 counter.fetch_add(n, Ordering::Relaxed);
             }
+        }
+        if self.lag_max_ns > 0 {
+            // Half the last buffer's, half what was before (buffers are converted one at a
+            // time, under the writer's lock).
+            let old = c.gpu_lag_ns.load(Ordering::Relaxed);
+            let new = if old == 0 {
+                self.lag_max_ns
+            } else {
+                old / 2 + self.lag_max_ns / 2
+            };
+            c.gpu_lag_ns.store(new, Ordering::Relaxed);
         }
     }
 }
@@ -838,6 +853,10 @@ unsafe extern "C" fn buffer_completed(
                     activity::KIND_CONCURRENT_KERNEL => {
                         let k = activity::kernel(p, &mut ctx, diag);
                         ctx.tally.kernels += 1;
+                        if k.launch_ns != 0 {
+                            let lag = k.end_ns.saturating_sub(k.launch_ns);
+                            ctx.tally.lag_max_ns = ctx.tally.lag_max_ns.max(lag);
+                        }
                         ctx.w.push(k.as_bytes());
                     }
                     activity::KIND_GRAPH_TRACE => {
