@@ -46,6 +46,11 @@ pub struct Activity {
     pub end_ns: u64,
     /// Host-side launch (API entry), ns; 0 if unknown.
     pub launch_ns: u64,
+    /// Where an activity without a launch stamp is placed on the host's clock, from the stamps
+    /// of the launches around it in correlation order (see [`LaunchStamps`]); 0 if unknown.
+    pub placed_ns: u64,
+    /// Correlation id of the launching API call (0 if unknown).
+    pub correlation_id: u32,
     /// Bytes copied or set (memory operations; 0 otherwise).
     pub bytes: u64,
     /// Kernel name id (0 for graphs and memory).
@@ -75,6 +80,8 @@ impl Activity {
             start_ns: k.start_ns,
             end_ns: k.end_ns,
             launch_ns: k.launch_ns,
+            placed_ns: 0,
+            correlation_id: k.correlation_id,
             bytes: 0,
             name_id: k.name_id,
             op_id: k.op_id,
@@ -92,6 +99,8 @@ impl Activity {
             start_ns: g.start_ns,
             end_ns: g.end_ns,
             launch_ns: g.launch_ns,
+            placed_ns: 0,
+            correlation_id: g.correlation_id,
             bytes: 0,
             name_id: 0,
             op_id: g.op_id,
@@ -109,6 +118,8 @@ impl Activity {
             start_ns: m.start_ns,
             end_ns: m.end_ns,
             launch_ns: m.launch_ns,
+            placed_ns: 0,
+            correlation_id: m.correlation_id,
             bytes: m.bytes,
             name_id: 0,
             op_id: m.op_id,
@@ -120,10 +131,13 @@ impl Activity {
         }
     }
 
-    /// The host time that places it in an iteration: its launch, else its start.
+    /// The host time that places it in an iteration: its launch, else where the stamps of the
+    /// launches around it place it, else its start.
     pub fn anchor_ns(&self) -> u64 {
         if self.launch_ns != 0 {
             self.launch_ns
+        } else if self.placed_ns != 0 {
+            self.placed_ns
         } else {
             self.start_ns
         }
@@ -547,6 +561,10 @@ pub struct TraceAssembler {
     timeline: GpuTimeline,
     /// The shim's tracing depth over time.
     depth: DepthLog,
+    /// Stamped launches, for placing activities without a stamp.
+    stamps: LaunchStamps,
+    /// Kernels and graph launches of the last complete traced iterations.
+    recent_launches: std::collections::VecDeque<u32>,
     /// Scratch of `summarise`: activities sorted by start.
     sorted: Vec<Activity>,
     /// Scratch of `summarise`: operators seen in the iteration.
@@ -816,6 +834,8 @@ impl TraceAssembler {
                 start_ns: e.ts_ns,
                 end_ns: e.ts_ns,
                 launch_ns: 0,
+                placed_ns: 0,
+                correlation_id: 0,
                 bytes: 0,
                 name_id: 0,
                 op_id: 0,
@@ -885,6 +905,7 @@ impl TraceAssembler {
             }
             _ => return,
         };
+        self.stamps.push(a.correlation_id, a.launch_ns, a.op_id);
         if self.bounded && self.pending.len() >= MAX_PENDING {
             // Nothing completes them (no boundaries, or a step that never ends): the oldest
             // go, so that memory stays bounded.
@@ -902,10 +923,55 @@ impl TraceAssembler {
     /// records that arrive for an iteration already returned are counted in
     /// [`TraceAssembler::late`]. Linear in the activities pending (after sorting them).
     pub fn take_iterations(&mut self, now_ns: u64, settle_ns: u64, flush: bool) -> Vec<Iteration> {
+        self.place_unstamped();
         if self.marked {
             self.take_marked(now_ns, settle_ns, flush)
         } else {
             self.take_detected(flush)
+        }
+    }
+
+    /// Places the pending activities that have no launch stamp by the stamps around them (see
+    /// [`LaunchStamps`]); those with no stamp after them yet wait for the next call.
+    fn place_unstamped(&mut self) {
+        let unplaced = |a: &Activity| {
+            a.launch_ns == 0
+                && a.placed_ns == 0
+                && a.correlation_id != 0
+                && a.kind != ActivityKind::Event
+        };
+        if self.stamps.is_empty() || !self.pending.iter().any(unplaced) {
+            return;
+        }
+        // Which of them found their GPU idle when they started: the GPU was waiting for their
+        // launch, so they were launched just before they started.
+        let mut order: Vec<usize> = (0..self.pending.len()).collect();
+        order.sort_unstable_by_key(|&i| (self.pending[i].device, self.pending[i].start_ns));
+        let mut waited = vec![false; self.pending.len()];
+        let mut busy: Option<(u32, u64)> = None;
+        for &i in &order {
+            let a = &self.pending[i];
+            if a.kind == ActivityKind::Event || a.end_ns <= a.start_ns {
+                continue;
+            }
+            match busy {
+                Some((d, until)) if d == a.device => {
+                    waited[i] = a.start_ns > until + IDLE_BEFORE_NS;
+                    busy = Some((d, until.max(a.end_ns)));
+                }
+                _ => busy = Some((a.device, a.end_ns)),
+            }
+        }
+        for (a, waited) in self.pending.iter_mut().zip(waited) {
+            if !unplaced(a) {
+                continue;
+            }
+            if let Some((t, op)) = self.stamps.place(a.correlation_id, a.start_ns, waited) {
+                a.placed_ns = t;
+                if a.op_id == 0 {
+                    a.op_id = op;
+                }
+            }
         }
     }
 
@@ -1176,6 +1242,8 @@ impl TraceAssembler {
         // Intervals of communication and of compute, for their overlap (buffers reused).
         let mut comm_iv = std::mem::take(&mut self.comm_iv);
         let mut compute_iv = std::mem::take(&mut self.compute_iv);
+        // When the GPU got through the work queued before this iteration's.
+        let free_before = self.timeline.free.iter().map(|f| f.1).max().unwrap_or(0);
         for a in acts {
             let d = a.duration_ns();
             if let Some(slot) = by_device
@@ -1340,12 +1408,197 @@ impl TraceAssembler {
             launch_latencies_ns: lat,
             ops,
             occupancy: (occ.1 > 0).then(|| occ.0 / occ.1 as f64),
-            traced: self.depth.traced(b, e),
+            // Everything it launched was traced only if the shim still traced kernels when the
+            // GPU ran them: a CPU running ahead launches work that runs after a sample window
+            // closed (CUPTI records a kernel when it runs), and such an iteration would keep
+            // only its first kernels, or none.
+            traced: self.depth.traced(
+                b,
+                e.max(gpu_end.max(free_before).saturating_add(TRACED_MARGIN_NS)),
+            ) && self.complete(kernels + graph_launches),
             device,
             gpu: None,
         }
     }
+
+    /// Whether an iteration traced at kernel depth with `launches` kernels and graph launches
+    /// holds all of them: not when it has under [`INCOMPLETE_SHARE`] of the upper quartile of
+    /// the last traced ones (on the H200, CUPTI delivered in some windows only the kernels of
+    /// the main thread, none of the autograd thread's backward: 55 of 185 per step, for a
+    /// second at a time). Every traced iteration's count is remembered.
+    fn complete(&mut self, launches: u32) -> bool {
+        let mut sorted: Vec<u32> = self.recent_launches.iter().copied().collect();
+        sorted.sort_unstable();
+        let complete = sorted.len() < 4
+            || f64::from(launches) >= INCOMPLETE_SHARE * f64::from(sorted[sorted.len() * 3 / 4]);
+        if launches > 0 {
+            self.recent_launches.push_back(launches);
+            if self.recent_launches.len() > RECENT_LAUNCHES {
+                self.recent_launches.pop_front();
+            }
+        }
+        complete
+    }
 }
+
+/// Below this share of the upper quartile of the launches of recent traced iterations, an
+/// iteration is taken as partly traced.
+pub const INCOMPLETE_SHARE: f64 = 0.7;
+
+/// Traced iterations whose launch counts make that quartile.
+const RECENT_LAUNCHES: usize = 63;
+
+/// Launch stamps a local rate of API calls is measured over.
+const RATE_SPAN: usize = 64;
+
+/// Stamps further apart than this in time are not interpolated between (tracing was off between
+/// them): an activity is placed from the nearer one.
+const WIDE_BRACKET_NS: u64 = 20_000_000;
+
+/// GPU idle before an activity above which the GPU was waiting for its launch (the driver
+/// dispatches within 5–20 µs on an H200; a pageable copy stages first).
+const IDLE_BEFORE_NS: u64 = 50_000;
+
+/// Correlation ids past the last stamp an activity is still placed from it.
+pub const MAX_EXTRAPOLATE: u32 = 4096;
+
+/// Launch stamps kept for placing the activities that have none (the oldest are dropped: about
+/// ten seconds of a launch-heavy job).
+const MAX_STAMPS: usize = 1 << 16;
+
+/// The launches the shim stamped, by correlation id: where an activity that carries no launch
+/// time of its own (a memcpy or memset, whose API calls the shim does not stamp; a kernel
+/// whose stamp was missed) was launched. Correlation ids follow the order of the API calls,
+/// so such an activity was launched between the stamped launches around it. Placing it by its
+/// GPU start instead puts it as many iterations late as the CPU runs ahead of the GPU.
+#[derive(Clone, Debug, Default)]
+pub struct LaunchStamps {
+    /// (correlation id, launch ns, operator id), by correlation id.
+    stamps: std::collections::VecDeque<(u32, u64, u32)>,
+}
+
+impl LaunchStamps {
+    /// A stamped launch, in operator `op_id` (0: none).
+    pub fn push(&mut self, correlation_id: u32, launch_ns: u64, op_id: u32) {
+        if correlation_id == 0 || launch_ns == 0 {
+            return;
+        }
+        match self.stamps.back() {
+            // The usual case: records mostly arrive in launch order. Node-level kernels of one
+            // graph launch share its id.
+            Some(&(c, ..)) if c == correlation_id => return,
+            Some(&(c, ..)) if c > correlation_id => {
+                let at = self.stamps.partition_point(|s| s.0 < correlation_id);
+                if self.stamps.get(at).is_some_and(|s| s.0 == correlation_id) {
+                    return;
+                }
+                self.stamps.insert(at, (correlation_id, launch_ns, op_id));
+            }
+            _ => self.stamps.push_back((correlation_id, launch_ns, op_id)),
+        }
+        if self.stamps.len() > MAX_STAMPS {
+            self.stamps.pop_front();
+        }
+    }
+
+    /// Where the activity with `correlation_id` that started on the GPU at `start_ns` was
+    /// launched, never after its start: between the stamps before and after it, from the one
+    /// nearer in correlation id at the rate of API calls around it (at most [`MAX_EXTRAPOLATE`]
+    /// ids past the last stamp; `None` beyond: ask again when more records came). And in which
+    /// operator: the one of the launches before and after it when they are close in time and
+    /// share one (operators are scopes on the launching thread; 0 otherwise).
+    ///
+    /// `waited`: the GPU was idle when it started (it was waiting for this launch), so it was
+    /// launched just before its start, within the stamps around it.
+    pub fn place(&self, correlation_id: u32, start_ns: u64, waited: bool) -> Option<(u64, u32)> {
+        if correlation_id == 0 || self.stamps.is_empty() {
+            return None;
+        }
+        let c = correlation_id;
+        let at = self.stamps.partition_point(|s| s.0 < c);
+        let after = self.stamps.get(at).copied();
+        let before = at.checked_sub(1).and_then(|i| self.stamps.get(i)).copied();
+        let back = |(c0, t0, _): (u32, u64, u32)| {
+            self.rate(at - 1, false)
+                .map(|r| t0.saturating_add((f64::from(c - c0) / r) as u64))
+        };
+        let fwd = |(c1, t1, _): (u32, u64, u32)| {
+            self.rate(at, true)
+                .map(|r| t1.saturating_sub((f64::from(c1 - c) / r) as u64))
+        };
+        let (t, op) = match (before, after) {
+            (_, Some((c1, t1, op))) if c1 == c => (t1, op),
+            (before, after) if waited => {
+                let lo = before.map_or(1, |s| s.1);
+                let hi = after.map_or(u64::MAX, |s| s.1);
+                (start_ns.clamp(lo, hi.max(lo)), 0)
+            }
+            (Some(s0 @ (c0, t0, op0)), Some(s1 @ (c1, t1, op1))) => {
+                // From the nearer one: API calls come in bursts with the host's waits between
+                // them (a batch's copy right after the wait for the loader, right before the
+                // step's first kernel), which a straight line between the two would cross.
+                let near = if c - c0 <= c1 - c { back(s0) } else { fwd(s1) };
+                let lerp = t0
+                    + (t1.saturating_sub(t0) as f64 * f64::from(c - c0) / f64::from(c1 - c0))
+                        as u64;
+                let close = t1.saturating_sub(t0) <= WIDE_BRACKET_NS && op0 == op1;
+                // (Stamps of one thread follow their ids; across threads a stamp can be a little
+                // out of order.)
+                let (lo, hi) = (t0.min(t1), t0.max(t1));
+                (
+                    near.unwrap_or(lerp).clamp(lo, hi),
+                    if close { op0 } else { 0 },
+                )
+            }
+            (None, Some(s1 @ (_, t1, _))) => (fwd(s1).unwrap_or(t1.saturating_sub(1)), 0),
+            (Some(s0 @ (c0, ..)), None) if c - c0 <= MAX_EXTRAPOLATE => (back(s0)?, 0),
+            (_, None) => return None,
+        };
+        Some((t.min(start_ns).max(1), op))
+    }
+
+    /// API calls per ns around stamp `i`, over up to [`RATE_SPAN`] stamps after it (`forward`)
+    /// or before it, none of them further apart than [`WIDE_BRACKET_NS`].
+    fn rate(&self, i: usize, forward: bool) -> Option<f64> {
+        let (mut lo, mut hi) = (i, i);
+        for _ in 0..RATE_SPAN {
+            let (a, b) = match (forward, lo.checked_sub(1)) {
+                (true, _) => (hi, hi + 1),
+                (false, Some(a)) => (a, lo),
+                (false, None) => break,
+            };
+            let (Some(x), Some(y)) = (self.stamps.get(a), self.stamps.get(b)) else {
+                break;
+            };
+            if y.1.saturating_sub(x.1) > WIDE_BRACKET_NS {
+                break;
+            }
+            if forward {
+                hi = b;
+            } else {
+                lo = a;
+            }
+        }
+        let (x, y) = (self.stamps.get(lo)?, self.stamps.get(hi)?);
+        let (dc, dt) = (y.0.checked_sub(x.0)?, y.1.checked_sub(x.1)?);
+        (dc > 0 && dt > 0).then(|| f64::from(dc) / dt as f64)
+    }
+
+    /// Stamps kept.
+    pub fn len(&self) -> usize {
+        self.stamps.len()
+    }
+
+    /// Whether none is kept.
+    pub fn is_empty(&self) -> bool {
+        self.stamps.is_empty()
+    }
+}
+
+/// How long kernel tracing must have stayed on after the GPU finished an iteration's work for
+/// the iteration to count as traced: its last records can reach the shim's flush when the depth
+/// goes down (a flush is a few ms).
+pub const TRACED_MARGIN_NS: u64 = 20_000_000;
 
 /// Depth changes kept (the oldest are dropped; iterations older than them are long done).
 const MAX_DEPTH_CHANGES: usize = 4096;
@@ -1743,6 +1996,173 @@ mod tests {
         assert_eq!((it[0].step, it[0].kernels), (1, 1));
     }
 
+    /// A CPU running two iterations ahead of the GPU, as on the H200 (a GPU-bound eager job):
+    /// the kernels and copies that carry no launch stamp (a copy's API is not stamped; a
+    /// kernel's stamp can be missed) go to the iteration that launched them, by correlation
+    /// id between the stamped launches, not to the one running when the GPU got to them; and
+    /// they take the operator of the launches around them.
+    #[test]
+    fn unstamped_activities_go_to_the_iteration_that_launched_them() {
+        let mut t = TraceAssembler::new();
+        let name = string(5, STRING_OP, "blocks.1.mlp");
+        let (r, _) = slo_probe_common::decode(&name).expect("string");
+        t.push(&r);
+        // Steps of 1000 ns from 10_000; each launches four kernels (ids 4k+1..4k+4) and one
+        // copy (4k+5... as 100k+k), executed 2000 ns later (two iterations of queue).
+        let mut corr = 100u32;
+        for k in 0..6u64 {
+            let b = 10_000 + k * 1_000;
+            t.push(&AnyRecord::Step(step(k, b, STEP_BEGIN)));
+            t.push(&AnyRecord::Step(step(k, b + 1_000, STEP_END)));
+            for j in 0..4u64 {
+                let launch = b + 100 + j * 200;
+                let mut r = kernel(launch + 2_000, 150, launch, 1, 5);
+                corr += 1;
+                r.correlation_id = corr;
+                if j == 1 || j == 2 {
+                    // A missed stamp: neither launch time nor operator.
+                    r.launch_ns = 0;
+                    r.op_id = 0;
+                }
+                t.push(&AnyRecord::GpuKernel(r));
+                if j == 1 {
+                    corr += 1;
+                    t.push(&AnyRecord::GpuMem(GpuMemRecord {
+                        header: RecordHeader::of::<GpuMemRecord>(),
+                        start_ns: launch + 2_160,
+                        end_ns: launch + 2_180,
+                        launch_ns: 0,
+                        bytes: 4096,
+                        graph_node_id: 0,
+                        correlation_id: corr,
+                        device_id: 0,
+                        stream_id: 7,
+                        graph_id: 0,
+                        kind: 1,
+                        op_id: 0,
+                        launch_tid: 1,
+                        flags: 0,
+                    }));
+                }
+            }
+        }
+        let its = t.take_iterations(0, 0, true);
+        assert_eq!(its.len(), 6);
+        for i in &its {
+            assert_eq!(
+                (i.kernels, i.memory_ops),
+                (4, 1),
+                "step {}: each iteration keeps what it launched",
+                i.step
+            );
+            assert!(
+                i.ops.iter().all(|o| o.op.starts_with("blocks.1.mlp")),
+                "step {}: operators {:?}",
+                i.step,
+                i.ops.iter().map(|o| o.op.to_string()).collect::<Vec<_>>()
+            );
+        }
+        // Placing stays within the stamps and never after the start on the GPU.
+        let mut s = LaunchStamps::default();
+        s.push(10, 1_000, 3);
+        s.push(20, 2_000, 3);
+        s.push(30, 3_000, 4);
+        assert_eq!(s.place(15, 9_000, false), Some((1_500, 3)));
+        assert_eq!(
+            s.place(15, 1_200, false),
+            Some((1_200, 3)),
+            "not after its start"
+        );
+        assert_eq!(
+            s.place(25, 9_000, false),
+            Some((2_500, 0)),
+            "between two operators: none"
+        );
+        // Before every stamp, and after the last: at the rate of API calls there (one id per
+        // 100 ns); far past the last, not yet.
+        // The GPU was idle, waiting for it: launched just before it started.
+        assert_eq!(s.place(25, 2_600, true), Some((2_600, 0)));
+        assert_eq!(s.place(35, 9_000, true), Some((9_000, 0)));
+        assert_eq!(s.place(5, 9_000, false), Some((500, 0)));
+        assert_eq!(s.place(35, 9_000, false), Some((3_500, 0)));
+        assert_eq!(s.place(30 + MAX_EXTRAPOLATE + 1, u64::MAX, false), None);
+        s.push(20, 2_000, 3);
+        assert_eq!(s.len(), 3, "a graph launch's nodes share one stamp");
+        // A second sample window a second later: an activity just before it is placed from
+        // its first stamps, one just after the first window from that one's.
+        s.push(10_030, 1_000_003_000, 4);
+        s.push(10_040, 1_000_004_000, 4);
+        assert_eq!(s.place(10_000, u64::MAX, false), Some((1_000_000_000, 0)));
+        assert_eq!(s.place(40, u64::MAX, false), Some((4_000, 0)));
+        // Stamps out of time order (threads), wrapping ids, zeros: placing never panics and
+        // never goes past the start.
+        let mut s = LaunchStamps::default();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..5_000 {
+            s.push(next() as u32 % 50_000, next() % 10_000_000_000, 1);
+        }
+        for _ in 0..5_000 {
+            let start = next() % 10_000_000_000;
+            if let Some((t, _)) = s.place(next() as u32, start, next() % 2 == 0) {
+                assert!(t <= start.max(1));
+            }
+        }
+    }
+
+    /// A sample window of 500 ms on a job whose GPU runs 150 ms behind its CPU (30 ms steps of
+    /// six kernels): CUPTI records a kernel when it runs, so the steps launched in the window's
+    /// last 170 ms lose their kernels when it closes. Only the steps whose work the GPU finished
+    /// while kernels were traced count as traced; and one that came with under 70% of the usual
+    /// kernels (CUPTI missed a thread's) does not either.
+    #[test]
+    fn traced_means_the_gpu_ran_it_while_kernels_were_traced() {
+        const MS: u64 = 1_000_000;
+        let depth = |from_ns: u64, depth: u32| {
+            AnyRecord::Depth(slo_probe_common::DepthRecord {
+                header: RecordHeader::of::<slo_probe_common::DepthRecord>(),
+                from_ns,
+                depth,
+                reason: 1,
+            })
+        };
+        let mut t = TraceAssembler::new();
+        t.push(&depth(1, 0));
+        t.push(&depth(1_000 * MS, 1));
+        t.push(&depth(1_500 * MS, 0));
+        let mut corr = 1u32;
+        for k in 0..20u64 {
+            let b = 1_000 * MS + k * 30 * MS;
+            t.push(&AnyRecord::Step(step(k, b, STEP_BEGIN)));
+            t.push(&AnyRecord::Step(step(k, b + 30 * MS, STEP_END)));
+            // Step 5 comes with two of its six kernels.
+            let n = if k == 5 { 2 } else { 6 };
+            for j in 0..n {
+                let launch = b + MS + j * 4 * MS;
+                let start = 150 * MS + b + j * 5 * MS;
+                corr += 1;
+                if start + 5 * MS > 1_500 * MS {
+                    continue; // ran after the window closed: not recorded
+                }
+                let mut r = kernel(start, 5 * MS, launch, 1, 0);
+                r.correlation_id = corr;
+                t.push(&AnyRecord::GpuKernel(r));
+            }
+        }
+        let its = t.take_iterations(0, 0, true);
+        let traced: Vec<u64> = its.iter().filter(|i| i.traced).map(|i| i.step).collect();
+        // Step k's work ends at 1180 + 30k ms, which must be 20 ms before the window closed
+        // at 1500 ms: k ≤ 9 (step 10 ends exactly 20 ms before: not traced).
+        assert_eq!(traced, vec![0, 1, 2, 3, 4, 6, 7, 8, 9]);
+        let counts: Vec<u32> = its.iter().filter(|i| i.traced).map(|i| i.kernels).collect();
+        assert_eq!(counts, vec![6; 9]);
+    }
+
     /// The GPU timeline: a CPU running ahead queues work (no idle, no launch latency, however
     /// long the queue); a launch after the GPU went idle is the host's lateness; idle while
     /// work was queued is a dependency.
@@ -1753,6 +2173,8 @@ mod tests {
             start_ns: start,
             end_ns: start + dur,
             launch_ns: launch,
+            placed_ns: 0,
+            correlation_id: 0,
             bytes: 0,
             name_id: 1,
             op_id: 0,
