@@ -11,7 +11,7 @@ use super::{
     view::{NodeState, NodeView, Severity, SloSnapshot, ThresholdSource, Violation},
 };
 use crate::{
-    attribution::{attribute, Profile},
+    attribution::{attribute, Attribution, Profile},
     gputrace::Iteration,
     host::{HostHistory, HostSample},
 };
@@ -143,6 +143,12 @@ const KEEP_VIOLATIONS: usize = 64;
 /// one made of more is kept).
 pub const MIN_TRACED: u64 = 10;
 
+/// Traced iterations the attribution baseline keeps healthy windows for.
+pub const MIN_BASELINE_TRACED: u64 = 30;
+
+/// At most this many times `learn_windows` healthy windows make the baseline.
+const MAX_BASELINE_WINDOWS: usize = 10;
+
 impl SloEngine {
     /// An engine for `spec` (validated).
     pub fn new(spec: SloSpec) -> Result<Self, SloSpecError> {
@@ -262,7 +268,6 @@ impl SloEngine {
         if let Some(h) = &host {
             profile.host = h.clone();
         }
-        let learning_done_before = self.learned();
         let mut breaching_iteration_nodes = false;
         let mut opened_or_open: Vec<usize> = Vec::new();
         let spec = self.spec.clone();
@@ -347,7 +352,9 @@ impl SloEngine {
             } else {
                 node.breach_streak += 1;
                 node.clear_streak = 0;
-                if node.spec.metric.per_iteration() {
+                // The iterations got slower: no baseline. (A node fed by traced iterations
+                // alone, GPU time, breaches on sampling noise too; its violations still count.)
+                if node.spec.metric == Metric::IterationTime {
                     breaching_iteration_nodes = true;
                 }
             }
@@ -405,10 +412,19 @@ impl SloEngine {
         while self.recent.len() > spec.breach_windows as usize {
             self.recent.pop_front();
         }
+        // A window with a node breaching or a violation open is no baseline, learning or not:
+        // nodes fed only by traced iterations (GPU time) can still be learning when the
+        // iteration time has its threshold and breaches.
         let healthy = !breaching_iteration_nodes && self.nodes.iter().all(|n| n.open.is_none());
-        if profile.iterations > 0 && (healthy || !learning_done_before) {
+        if profile.iterations > 0 && healthy {
             self.healthy.push_back(profile);
-            while self.healthy.len() > spec.learn_windows as usize {
+            // The last learn windows, and as many more as hold MIN_BASELINE_TRACED traced
+            // iterations (the shim traces kernels in sample windows now and then).
+            let traced = |h: &VecDeque<Profile>| h.iter().skip(1).map(|p| p.traced).sum::<u64>();
+            while self.healthy.len() > spec.learn_windows as usize
+                && (traced(&self.healthy) >= MIN_BASELINE_TRACED
+                    || self.healthy.len() > MAX_BASELINE_WINDOWS * spec.learn_windows as usize)
+            {
                 self.healthy.pop_front();
             }
         }
@@ -461,8 +477,16 @@ impl SloEngine {
                     v.threshold
                 )
             };
-            // A refresh made of too few traced iterations does not replace a fuller one.
-            if v.metric.per_iteration() && (enough || v.attribution.is_none()) {
+            // A refresh made of too few traced iterations does not replace a fuller one; nor
+            // does one made once the iterations recovered (a fault that ended before the
+            // violation closed): it compares healthy with healthy, and would replace what
+            // explained the slowdown with noise.
+            let slowdown = |a: &Attribution| a.iteration_ns.1 - a.iteration_ns.0;
+            let recovered = match (&v.attribution, &attribution) {
+                (Some(old), Some(new)) => slowdown(new) < 0.5 * slowdown(old),
+                _ => false,
+            };
+            if v.metric.per_iteration() && (enough || v.attribution.is_none()) && !recovered {
                 v.attribution = attribution.clone();
             }
             v.chain = match &v.attribution {
