@@ -565,6 +565,8 @@ pub struct TraceAssembler {
     stamps: LaunchStamps,
     /// Kernels and graph launches of the last complete traced iterations.
     recent_launches: std::collections::VecDeque<u32>,
+    /// Traced iterations refused as incomplete since the last complete one.
+    refused_in_a_row: u32,
     /// Scratch of `summarise`: activities sorted by start.
     sorted: Vec<Activity>,
     /// Scratch of `summarise`: operators seen in the iteration.
@@ -1415,38 +1417,51 @@ impl TraceAssembler {
             traced: self.depth.traced(
                 b,
                 e.max(gpu_end.max(free_before).saturating_add(TRACED_MARGIN_NS)),
-            ) && self.complete(kernels + graph_launches),
+            ) && (graph_launches > 0 || graph_nodes > 0 || self.complete(kernels)),
             device,
             gpu: None,
         }
     }
 
-    /// Whether an iteration traced at kernel depth with `launches` kernels and graph launches
-    /// holds all of them: not when it has under [`INCOMPLETE_SHARE`] of the upper quartile of
-    /// the last traced ones (on the H200, CUPTI delivered in some windows only the kernels of
-    /// the main thread, none of the autograd thread's backward: 55 of 185 per step, for a
-    /// second at a time). Every traced iteration's count is remembered.
+    /// Whether an iteration without CUDA graphs traced at kernel depth with `launches` kernels
+    /// holds all of them: not when it has under [`INCOMPLETE_SHARE`] of the median of the last
+    /// complete ones (on the H200, CUPTI delivered for seconds at a time only the kernels
+    /// launched by the main thread, none of the autograd thread's backward: 48 or 55 of 185 per
+    /// step; the GPU then looks idle where it ran them). After [`RESET_AFTER`] refused in a row
+    /// the job changed: the counts start over.
     fn complete(&mut self, launches: u32) -> bool {
         let mut sorted: Vec<u32> = self.recent_launches.iter().copied().collect();
         sorted.sort_unstable();
         let complete = sorted.len() < 4
-            || f64::from(launches) >= INCOMPLETE_SHARE * f64::from(sorted[sorted.len() * 3 / 4]);
-        if launches > 0 {
-            self.recent_launches.push_back(launches);
-            if self.recent_launches.len() > RECENT_LAUNCHES {
-                self.recent_launches.pop_front();
+            || f64::from(launches) >= INCOMPLETE_SHARE * f64::from(sorted[sorted.len() / 2]);
+        if complete {
+            self.refused_in_a_row = 0;
+            if launches > 0 {
+                self.recent_launches.push_back(launches);
+                if self.recent_launches.len() > RECENT_LAUNCHES {
+                    self.recent_launches.pop_front();
+                }
+            }
+        } else {
+            self.refused_in_a_row += 1;
+            if self.refused_in_a_row >= RESET_AFTER {
+                self.recent_launches.clear();
+                self.refused_in_a_row = 0;
             }
         }
         complete
     }
 }
 
-/// Below this share of the upper quartile of the launches of recent traced iterations, an
-/// iteration is taken as partly traced.
+/// Below this share of the median launches of recent complete iterations, an iteration is
+/// taken as partly traced.
 pub const INCOMPLETE_SHARE: f64 = 0.7;
 
-/// Traced iterations whose launch counts make that quartile.
+/// Complete traced iterations whose launch counts make that median.
 const RECENT_LAUNCHES: usize = 63;
+
+/// Iterations refused in a row after which the counts start over.
+const RESET_AFTER: u32 = 64;
 
 /// Launch stamps a local rate of API calls is measured over.
 const RATE_SPAN: usize = 64;
