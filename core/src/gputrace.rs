@@ -1417,13 +1417,17 @@ impl TraceAssembler {
             traced: self.depth.traced(
                 b,
                 e.max(gpu_end.max(free_before).saturating_add(TRACED_MARGIN_NS)),
-            ) && (graph_launches > 0 || graph_nodes > 0 || self.complete(kernels)),
+            ) && (self.depth.changes.is_empty()
+                || graph_launches > 0
+                || graph_nodes > 0
+                || self.complete(kernels)),
             device,
             gpu: None,
         }
     }
 
-    /// Whether an iteration without CUDA graphs traced at kernel depth with `launches` kernels
+    /// Whether an iteration without CUDA graphs traced at kernel depth (by a shim that says its
+    /// depth: one without CUPTI marks steps only) with `launches` kernels
     /// holds all of them: not when it has under [`INCOMPLETE_SHARE`] of the median of the last
     /// complete ones (on the H200, CUPTI delivered for seconds at a time only the kernels
     /// launched by the main thread, none of the autograd thread's backward: 48 or 55 of 185 per
@@ -1432,15 +1436,15 @@ impl TraceAssembler {
     fn complete(&mut self, launches: u32) -> bool {
         let mut sorted: Vec<u32> = self.recent_launches.iter().copied().collect();
         sorted.sort_unstable();
-        let complete = sorted.len() < 4
-            || f64::from(launches) >= INCOMPLETE_SHARE * f64::from(sorted[sorted.len() / 2]);
+        // None at all while kernels were traced: its kernels ran after tracing stopped.
+        let complete = launches > 0
+            && (sorted.len() < 4
+                || f64::from(launches) >= INCOMPLETE_SHARE * f64::from(sorted[sorted.len() / 2]));
         if complete {
             self.refused_in_a_row = 0;
-            if launches > 0 {
-                self.recent_launches.push_back(launches);
-                if self.recent_launches.len() > RECENT_LAUNCHES {
-                    self.recent_launches.pop_front();
-                }
+            self.recent_launches.push_back(launches);
+            if self.recent_launches.len() > RECENT_LAUNCHES {
+                self.recent_launches.pop_front();
             }
         } else {
             self.refused_in_a_row += 1;
