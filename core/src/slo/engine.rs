@@ -33,8 +33,14 @@ struct Node {
     hist: Histogram<u32>,
     sum: f64,
     count: u64,
-    /// Closed windows' histograms, for the sliding view.
-    slide: VecDeque<Histogram<u32>>,
+    /// The open window's values as recorded (at most [`SLIDE_VALUES`], a uniform sample beyond),
+    /// for the sliding view.
+    values: Vec<u64>,
+    /// Values recorded in the open window (the sample's denominator).
+    seen: u64,
+    /// Closed windows' values, for the sliding view: a few hundred numbers per window, where
+    /// merging the windows' histograms walked every bucket of each (the pipeline's largest cost).
+    slide: VecDeque<Vec<u64>>,
     /// Whether each judged window met the threshold, oldest first.
     judged: VecDeque<bool>,
     windows: u64,
@@ -136,6 +142,26 @@ pub struct SloEngine {
     next_id: u64,
 }
 
+/// Values a window keeps for the sliding view (a uniform sample beyond).
+const SLIDE_VALUES: usize = 2048;
+
+/// P50, P99 and mean over the windows' values (quantiles as a histogram reads them: the
+/// smallest value with at least that share of the values at or below it), scaled back.
+fn sliding_stats(windows: &VecDeque<Vec<u64>>, scale: f64) -> Option<(f64, f64, f64)> {
+    let mut all: Vec<u64> = windows.iter().flatten().copied().collect();
+    let n = all.len();
+    if n == 0 {
+        return None;
+    }
+    let mean = all.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
+    let mut at = |q: f64| {
+        let k = ((q * n as f64).ceil() as usize).clamp(1, n) - 1;
+        *all.select_nth_unstable(k).1 as f64
+    };
+    let (p50, p99) = (at(0.5), at(0.99));
+    Some((p50 / scale, p99 / scale, mean / scale))
+}
+
 /// Closed violations kept.
 const KEEP_VIOLATIONS: usize = 64;
 
@@ -162,6 +188,8 @@ impl SloEngine {
                 hist: histogram(),
                 sum: 0.0,
                 count: 0,
+                values: Vec::new(),
+                seen: 0,
                 slide: VecDeque::new(),
                 judged: VecDeque::new(),
                 windows: 0,
@@ -235,6 +263,16 @@ impl SloEngine {
             n.hist.saturating_record(scaled);
             n.sum += v;
             n.count += 1;
+            n.seen += 1;
+            if n.values.len() < SLIDE_VALUES {
+                n.values.push(scaled);
+            } else {
+                // Reservoir sampling, with a multiplicative hash of the count for the draw.
+                let k = (n.seen.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 11) % n.seen;
+                if let Some(slot) = n.values.get_mut(k as usize) {
+                    *slot = scaled;
+                }
+            }
         }
         self.profile.add_iteration(it);
     }
@@ -298,17 +336,17 @@ impl SloEngine {
             };
             // Roll the window.
             if node.spec.metric.per_iteration() && node.count > 0 {
-                // Reuse the oldest sliding histogram for the next window (no allocation).
-                let mut h = if node.slide.len() >= spec.slide_windows as usize {
-                    node.slide.pop_front().map_or_else(histogram, |mut h| {
-                        h.reset();
-                        h
-                    })
+                // The window's values slide; the oldest window's vector is reused.
+                let mut v = if node.slide.len() >= spec.slide_windows as usize {
+                    node.slide.pop_front().unwrap_or_default()
                 } else {
-                    histogram()
+                    Vec::new()
                 };
-                std::mem::swap(&mut h, &mut node.hist);
-                node.slide.push_back(h);
+                v.clear();
+                std::mem::swap(&mut v, &mut node.values);
+                node.slide.push_back(v);
+                node.hist.reset();
+                node.seen = 0;
                 node.sum = 0.0;
                 node.count = 0;
             }
@@ -548,18 +586,9 @@ impl SloEngine {
                 wsum += n.spec.weight;
                 any = true;
             }
-            let sliding = (n.spec.metric.per_iteration() && !n.slide.is_empty()).then(|| {
-                let mut h = histogram();
-                for s in &n.slide {
-                    let _ = h.add(s);
-                }
-                let scale = n.spec.metric.scale();
-                (
-                    h.value_at_quantile(0.5) as f64 / scale,
-                    h.value_at_quantile(0.99) as f64 / scale,
-                    h.mean() / scale,
-                )
-            });
+            let sliding = (n.spec.metric.per_iteration() && !n.slide.is_empty())
+                .then(|| sliding_stats(&n.slide, n.spec.metric.scale()))
+                .flatten();
             nodes.push(NodeView {
                 name: n.spec.name.clone(),
                 parent: if n.spec.parent.is_empty() {
