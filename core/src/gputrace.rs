@@ -1436,15 +1436,15 @@ impl TraceAssembler {
     fn complete(&mut self, launches: u32) -> bool {
         let mut sorted: Vec<u32> = self.recent_launches.iter().copied().collect();
         sorted.sort_unstable();
-        // None at all while kernels were traced: its kernels ran after tracing stopped.
-        let complete = launches > 0
-            && (sorted.len() < 4
-                || f64::from(launches) >= INCOMPLETE_SHARE * f64::from(sorted[sorted.len() / 2]));
+        let complete = sorted.len() < 4
+            || f64::from(launches) >= INCOMPLETE_SHARE * f64::from(sorted[sorted.len() / 2]);
         if complete {
             self.refused_in_a_row = 0;
-            self.recent_launches.push_back(launches);
-            if self.recent_launches.len() > RECENT_LAUNCHES {
-                self.recent_launches.pop_front();
+            if launches > 0 {
+                self.recent_launches.push_back(launches);
+                if self.recent_launches.len() > RECENT_LAUNCHES {
+                    self.recent_launches.pop_front();
+                }
             }
         } else {
             self.refused_in_a_row += 1;
