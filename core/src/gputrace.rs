@@ -44,11 +44,13 @@ pub struct Activity {
     pub start_ns: u64,
     /// GPU end, ns.
     pub end_ns: u64,
-    /// Host-side launch (API entry), ns; 0 if unknown.
+    /// Host-side launch (API entry), ns; 0 if unknown. With `placed`, an estimate.
     pub launch_ns: u64,
-    /// Where an activity without a launch stamp is placed on the host's clock, from the stamps
-    /// of the launches around it in correlation order (see [`LaunchStamps`]); 0 if unknown.
-    pub placed_ns: u64,
+    /// Whether `launch_ns` is not a stamp but where the stamps of the launches around it in
+    /// correlation order place it (see [`LaunchStamps`]): it then places the activity in an
+    /// iteration, and says nothing about launch latency. (A flag, not a second time: the
+    /// activity stays 80 bytes, and an assembler holds up to [`MAX_PENDING`] of them.)
+    pub placed: bool,
     /// Correlation id of the launching API call (0 if unknown).
     pub correlation_id: u32,
     /// Bytes copied or set (memory operations; 0 otherwise).
@@ -80,7 +82,7 @@ impl Activity {
             start_ns: k.start_ns,
             end_ns: k.end_ns,
             launch_ns: k.launch_ns,
-            placed_ns: 0,
+            placed: false,
             correlation_id: k.correlation_id,
             bytes: 0,
             name_id: k.name_id,
@@ -99,7 +101,7 @@ impl Activity {
             start_ns: g.start_ns,
             end_ns: g.end_ns,
             launch_ns: g.launch_ns,
-            placed_ns: 0,
+            placed: false,
             correlation_id: g.correlation_id,
             bytes: 0,
             name_id: 0,
@@ -118,7 +120,7 @@ impl Activity {
             start_ns: m.start_ns,
             end_ns: m.end_ns,
             launch_ns: m.launch_ns,
-            placed_ns: 0,
+            placed: false,
             correlation_id: m.correlation_id,
             bytes: m.bytes,
             name_id: 0,
@@ -131,15 +133,22 @@ impl Activity {
         }
     }
 
-    /// The host time that places it in an iteration: its launch, else where the stamps of the
-    /// launches around it place it, else its start.
+    /// The host time that places it in an iteration: its launch (stamped or placed), else its
+    /// start.
     pub fn anchor_ns(&self) -> u64 {
         if self.launch_ns != 0 {
             self.launch_ns
-        } else if self.placed_ns != 0 {
-            self.placed_ns
         } else {
             self.start_ns
+        }
+    }
+
+    /// Its launch as the shim stamped it (not placed).
+    pub fn stamped_launch_ns(&self) -> u64 {
+        if self.placed {
+            0
+        } else {
+            self.launch_ns
         }
     }
 
@@ -836,7 +845,7 @@ impl TraceAssembler {
                 start_ns: e.ts_ns,
                 end_ns: e.ts_ns,
                 launch_ns: 0,
-                placed_ns: 0,
+                placed: false,
                 correlation_id: 0,
                 bytes: 0,
                 name_id: 0,
@@ -908,6 +917,10 @@ impl TraceAssembler {
             _ => return,
         };
         self.stamps.push(a.correlation_id, a.launch_ns, a.op_id);
+        if self.bounded {
+            // A recording is pushed whole, then taken: all its stamps are kept.
+            self.stamps.trim(MAX_STAMPS);
+        }
         if self.bounded && self.pending.len() >= MAX_PENDING {
             // Nothing completes them (no boundaries, or a step that never ends): the oldest
             // go, so that memory stays bounded.
@@ -937,10 +950,7 @@ impl TraceAssembler {
     /// [`LaunchStamps`]); those with no stamp after them yet wait for the next call.
     fn place_unstamped(&mut self) {
         let unplaced = |a: &Activity| {
-            a.launch_ns == 0
-                && a.placed_ns == 0
-                && a.correlation_id != 0
-                && a.kind != ActivityKind::Event
+            a.launch_ns == 0 && a.correlation_id != 0 && a.kind != ActivityKind::Event
         };
         if self.stamps.is_empty() || !self.pending.iter().any(unplaced) {
             return;
@@ -969,7 +979,8 @@ impl TraceAssembler {
                 continue;
             }
             if let Some((t, op)) = self.stamps.place(a.correlation_id, a.start_ns, waited) {
-                a.placed_ns = t;
+                a.launch_ns = t;
+                a.placed = true;
                 if a.op_id == 0 {
                     a.op_id = op;
                 }
@@ -1115,7 +1126,7 @@ impl TraceAssembler {
                 for (k, a) in self.pending.iter().enumerate() {
                     let launch = a.graph_id == g
                         && (a.kind == ActivityKind::Graph
-                            || a.kind == ActivityKind::GraphKernel && a.launch_ns != 0);
+                            || a.kind == ActivityKind::GraphKernel && a.stamped_launch_ns() != 0);
                     if !launch || b.last() == Some(&a.anchor_ns()) {
                         continue;
                     }
@@ -1481,9 +1492,10 @@ const IDLE_BEFORE_NS: u64 = 50_000;
 /// Correlation ids past the last stamp an activity is still placed from it.
 pub const MAX_EXTRAPOLATE: u32 = 4096;
 
-/// Launch stamps kept for placing the activities that have none (the oldest are dropped: about
-/// ten seconds of a launch-heavy job).
-const MAX_STAMPS: usize = 1 << 16;
+/// Launch stamps a live assembler keeps for placing the activities that have none (the oldest
+/// are dropped: about three seconds of a launch-heavy job traced at kernel depth, far more than
+/// the GPU runs behind; 256 KiB).
+const MAX_STAMPS: usize = 1 << 14;
 
 /// The launches the shim stamped, by correlation id: where an activity that carries no launch
 /// time of its own (a memcpy or memset, whose API calls the shim does not stamp; a kernel
@@ -1515,7 +1527,11 @@ impl LaunchStamps {
             }
             _ => self.stamps.push_back((correlation_id, launch_ns, op_id)),
         }
-        if self.stamps.len() > MAX_STAMPS {
+    }
+
+    /// Drops the oldest stamps beyond `most`.
+    pub fn trim(&mut self, most: usize) {
+        while self.stamps.len() > most {
             self.stamps.pop_front();
         }
     }
@@ -1728,9 +1744,9 @@ impl GpuTimeline {
         let critical = a.end_ns.saturating_sub(a.start_ns.max(free));
         self.free[slot].1 = free.max(a.end_ns);
         // Launched after the GPU went idle, or started within the dispatch latency of its
-        // launch: the GPU was waiting for this launch.
-        let waited_for_launch =
-            a.launch_ns == 0 || a.launch_ns >= free || a.start_ns <= a.launch_ns + DISPATCH_NS;
+        // launch: the GPU was waiting for this launch. (A placed launch is no stamp: unknown.)
+        let launch = a.stamped_launch_ns();
+        let waited_for_launch = launch == 0 || launch >= free || a.start_ns <= launch + DISPATCH_NS;
         let (late, wait) = if idle == 0 {
             (0, 0)
         } else if waited_for_launch {
@@ -1740,8 +1756,8 @@ impl GpuTimeline {
         };
         // Launched while the GPU was idle (or first): its wait to start is launch latency.
         // Launched behind earlier work: its wait is queueing, left out.
-        let launch_latency = (a.launch_ns != 0 && (!seen || a.launch_ns >= free))
-            .then(|| a.start_ns.saturating_sub(a.launch_ns));
+        let launch_latency =
+            (launch != 0 && (!seen || launch >= free)).then(|| a.start_ns.saturating_sub(launch));
         Placed {
             free: seen.then_some(free),
             critical,
@@ -2015,6 +2031,12 @@ mod tests {
         assert_eq!((it[0].step, it[0].kernels), (1, 1));
     }
 
+    #[test]
+    fn an_activity_stays_small() {
+        // MAX_PENDING of them per live process (the hostile-client RSS bound counts on it).
+        assert!(std::mem::size_of::<Activity>() <= 80);
+    }
+
     /// A CPU running two iterations ahead of the GPU, as on the H200 (a GPU-bound eager job):
     /// the kernels and copies that carry no launch stamp (a copy's API is not stamped; a
     /// kernel's stamp can be missed) go to the iteration that launched them, by correlation
@@ -2192,7 +2214,7 @@ mod tests {
             start_ns: start,
             end_ns: start + dur,
             launch_ns: launch,
-            placed_ns: 0,
+            placed: false,
             correlation_id: 0,
             bytes: 0,
             name_id: 1,
