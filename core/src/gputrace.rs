@@ -1517,13 +1517,12 @@ impl LaunchStamps {
         match self.stamps.back() {
             // The usual case: records mostly arrive in launch order. Node-level kernels of one
             // graph launch share its id.
-            Some(&(c, ..)) if c == correlation_id => return,
+            Some(&(c, ..)) if c == correlation_id => {}
             Some(&(c, ..)) if c > correlation_id => {
                 let at = self.stamps.partition_point(|s| s.0 < correlation_id);
-                if self.stamps.get(at).is_some_and(|s| s.0 == correlation_id) {
-                    return;
+                if self.stamps.get(at).is_none_or(|s| s.0 != correlation_id) {
+                    self.stamps.insert(at, (correlation_id, launch_ns, op_id));
                 }
-                self.stamps.insert(at, (correlation_id, launch_ns, op_id));
             }
             _ => self.stamps.push_back((correlation_id, launch_ns, op_id)),
         }
