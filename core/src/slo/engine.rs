@@ -36,8 +36,6 @@ struct Node {
     /// The open window's values as recorded (at most [`SLIDE_VALUES`], a uniform sample beyond),
     /// for the sliding view.
     values: Vec<u64>,
-    /// Values recorded in the open window (the sample's denominator).
-    seen: u64,
     /// Closed windows' values, for the sliding view: a few hundred numbers per window, where
     /// merging the windows' histograms walked every bucket of each (the pipeline's largest cost).
     slide: VecDeque<Vec<u64>>,
@@ -189,7 +187,6 @@ impl SloEngine {
                 sum: 0.0,
                 count: 0,
                 values: Vec::new(),
-                seen: 0,
                 slide: VecDeque::new(),
                 judged: VecDeque::new(),
                 windows: 0,
@@ -263,12 +260,12 @@ impl SloEngine {
             n.hist.saturating_record(scaled);
             n.sum += v;
             n.count += 1;
-            n.seen += 1;
             if n.values.len() < SLIDE_VALUES {
                 n.values.push(scaled);
             } else {
-                // Reservoir sampling, with a multiplicative hash of the count for the draw.
-                let k = (n.seen.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 11) % n.seen;
+                // Reservoir sampling over the window's `count` values, with a multiplicative
+                // hash of the count for the draw.
+                let k = (n.count.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 11) % n.count;
                 if let Some(slot) = n.values.get_mut(k as usize) {
                     *slot = scaled;
                 }
@@ -346,7 +343,6 @@ impl SloEngine {
                 std::mem::swap(&mut v, &mut node.values);
                 node.slide.push_back(v);
                 node.hist.reset();
-                node.seen = 0;
                 node.sum = 0.0;
                 node.count = 0;
             }
