@@ -445,9 +445,10 @@ impl Drop for Setup {
     }
 }
 
-/// When the SLO was met again for good: the first step after `from` from which the median of
-/// every `RUN` consecutive steps up to the last is within 10% of `base_ms` (a recovery that is
-/// rolled back does not count).
+/// When the SLO was met again: the first step after `from` (the kept action's application, so
+/// that a trial later rolled back does not count) from which the median of every `RUN`
+/// consecutive steps is within 10% of `base_ms` for [`HELD_NS`]. That the job stays healed is
+/// checked apart (the last 3 s of the run).
 fn recovered_at(steps: &[(u64, u64)], from: u64, base_ms: f64) -> Option<u64> {
     let after: Vec<&(u64, u64)> = steps.iter().filter(|(e, _)| *e > from).collect();
     let ok = |w: &[&(u64, u64)]| {
@@ -456,12 +457,21 @@ fn recovered_at(steps: &[(u64, u64)], from: u64, base_ms: f64) -> Option<u64> {
         d[RUN / 2] <= base_ms * 1.10
     };
     let windows: Vec<&[&(u64, u64)]> = after.windows(RUN).collect();
-    let last_bad = windows.iter().rposition(|w| !ok(w));
-    match last_bad {
-        None => windows.first().map(|w| w[0].0),
-        Some(i) => windows.get(i + 1).map(|w| w[0].0),
-    }
+    (0..windows.len()).find_map(|i| {
+        let t0 = windows[i][0].0;
+        let span: Vec<_> = windows[i..]
+            .iter()
+            .take_while(|w| w[0].0 <= t0 + HELD_NS)
+            .collect();
+        let held = span
+            .last()
+            .is_some_and(|w| w[0].0 + 1_000_000_000 >= t0 + HELD_NS);
+        (held && span.iter().all(|w| ok(w))).then_some(t0)
+    })
 }
+
+/// How long the steps must stay within 10% for the SLO to count as met again, ns.
+const HELD_NS: u64 = 3_000_000_000;
 
 /// Every knob in the journal whose process still exists reads back its prior value.
 fn journal_knobs_restored(setup: &Setup) -> Result<usize, String> {
@@ -591,7 +601,16 @@ fn healed(
     let end_ms = w.median_ms(now - 3_000_000_000, now);
     let steps = w.steps();
     let felt = felt_at(w, fault_ns, base_ms);
-    let back = recovered_at(&steps, felt, base_ms);
+    // The kept action's application: the last one before it was kept (one at a time).
+    let kept_applied = setup
+        .events()
+        .iter()
+        .rev()
+        .filter(|(t, e)| *t <= kept_at && matches!(e, Event::Applied { .. }))
+        .map(|(t, _)| *t)
+        .next()
+        .unwrap_or(kept_at);
+    let back = recovered_at(&steps, felt.max(kept_applied), base_ms);
     // The fault in force: the 2 s before the first action.
     let first_action = setup
         .events()

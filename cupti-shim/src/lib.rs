@@ -63,8 +63,9 @@ use crossbeam_queue::ArrayQueue;
 use error::ShimError;
 use slo_probe_common::{
     gpu::{
-        DEPTH_NODES, DEPTH_OFF, DEPTH_REASON_DEFAULT, DEPTH_TIMING, KERNEL_DIAGNOSTIC, NODE_CLONED,
-        NODE_CREATED, STEP_BEGIN, STEP_END, STRING_KERNEL, STRING_MAX, STRING_OP,
+        DEPTH_KERNELS, DEPTH_NODES, DEPTH_OFF, DEPTH_REASON_DEFAULT, DEPTH_TIMING,
+        KERNEL_DIAGNOSTIC, NODE_CLONED, NODE_CREATED, STEP_BEGIN, STEP_END, STRING_KERNEL,
+        STRING_MAX, STRING_OP,
     },
     ring::{
         encode_depth_request, encode_shim_depth, next_generation, DepthDuration, ShimDepth,
@@ -80,11 +81,22 @@ const DOMAIN_RESOURCE: u32 = 3;
 const CBID_GRAPHNODE_CREATED: u32 = 13;
 const CBID_GRAPHNODE_CLONED: u32 = 20;
 /// `CUPTI_ACTIVITY_FLAG_FLUSH_FORCED`.
-const FLUSH_FORCED: u32 = 1;
+pub(crate) const FLUSH_FORCED: u32 = 1;
 
-/// Size of each activity buffer handed to CUPTI.
-const BUFFER_BYTES: usize = 8 << 20;
-/// Buffers kept for reuse.
+/// Size of each activity buffer handed to CUPTI while kernels are traced.
+///
+/// A default flush (`cuptiActivityFlushAll(0)`) returns only buffers whose every record is
+/// complete. The CPU of a training job runs ahead of its GPU, so the buffer being filled always
+/// holds records of work still queued: it comes back when it is full (and its work done), or at
+/// a forced flush. Measured on the H200 (fault fixtures of 2026-11): with one 8 MiB size for
+/// everything, no kernel record of a sampled window reached the agent before the job exited.
+/// So buffers are sized to fill in well under a second at the rate they are written, and the
+/// end of every sampled window forces a flush (see `control::switch`).
+const BUFFER_BYTES: usize = 1 << 20;
+/// Size of each buffer handed out at timing depth (memcpy, memset and graph-level records only,
+/// a few per step): about 150 records, so that they come back within seconds.
+const SMALL_BUFFER_BYTES: usize = 16 << 10;
+/// Buffers kept for reuse, of each size.
 const BUFFER_POOL: usize = 8;
 /// Launch correlation slots (a power of two): more launches than this between a launch and
 /// the flush of its record overwrite the oldest.
@@ -173,6 +185,10 @@ struct Counters {
     launch_domains: AtomicU64,
     sample_windows: AtomicU64,
     record_cost_ns: AtomicU64,
+    /// Records dropped because a forced flush returned them before their work ran.
+    incomplete_records: AtomicU64,
+    /// Forced flushes at the end of sampled windows.
+    forced_flushes: AtomicU64,
 }
 
 struct Shim {
@@ -191,6 +207,8 @@ struct Shim {
     /// Activity buffers for reuse: CUPTI asks for buffers on whatever thread needs one, a
     /// CUDA thread included, so the pool is lock-free.
     buffers: ArrayQueue<Box<[u64]>>,
+    /// The same for the small buffers of timing depth.
+    small_buffers: ArrayQueue<Box<[u64]>>,
     hot: Hot,
     steps_ended: AtomicU64,
     /// When the last step ended (CLOCK_MONOTONIC ns).
@@ -350,6 +368,7 @@ fn shim() -> &'static Shim {
             next_name_id: AtomicU32::new(1),
             status: AtomicU64::new(0),
             buffers: ArrayQueue::new(BUFFER_POOL),
+            small_buffers: ArrayQueue::new(BUFFER_POOL),
             hot: Hot::default(),
             steps_ended: AtomicU64::new(0),
             last_step_ns: AtomicU64::new(0),
@@ -565,6 +584,8 @@ struct Tally {
     kernel_hits_runtime: u64,
     /// The longest launch-to-end of a stamped kernel in the buffer, ns.
     lag_max_ns: u64,
+    /// Records a forced flush returned before their work ran (no timestamps): dropped.
+    incomplete: u64,
 }
 
 impl Tally {
@@ -579,6 +600,7 @@ impl Tally {
             (&c.corr_misses, self.corr_misses),
             (&c.corr_hits_driver, self.kernel_hits_driver),
             (&c.corr_hits_runtime, self.kernel_hits_runtime),
+            (&c.incomplete_records, self.incomplete),
         ] {
             if n > 0 {
                 counter.fetch_add(n, Ordering::Relaxed);
@@ -779,14 +801,28 @@ fn resource_callback(s: &Shim, cbid: u32, data: *const c_void) {
     }));
 }
 
+/// A record a forced flush returned before its work ran on the GPU: CUPTI fills the timestamps
+/// when it completes, so they are still 0 (or the end is).
+fn incomplete(start_ns: u64, end_ns: u64) -> bool {
+    start_ns == 0 || end_ns == 0 || end_ns < start_ns
+}
+
 unsafe extern "C" fn buffer_requested(buf: *mut *mut u8, size: *mut usize, max: *mut usize) {
     guard((), || {
         let t0 = now_ns();
         let s = shim();
-        let b = s
-            .buffers
+        // Kernels traced (or about to be: the switch enables the kind after this reads the
+        // depth, and a small buffer then fills within a step): large buffers; else small.
+        let d = s.depth_now.load(Ordering::Relaxed);
+        let large = d != DEPTH_OFF && d >= DEPTH_KERNELS;
+        let (pool, bytes) = if large {
+            (&s.buffers, BUFFER_BYTES)
+        } else {
+            (&s.small_buffers, SMALL_BUFFER_BYTES)
+        };
+        let b = pool
             .pop()
-            .unwrap_or_else(|| vec![0u64; BUFFER_BYTES / 8].into_boxed_slice());
+            .unwrap_or_else(|| vec![0u64; bytes / 8].into_boxed_slice());
         let len = b.len() * 8;
         // SAFETY: CUPTI's out pointers are valid; the buffer is 8-byte aligned and returned
         // to us in `buffer_completed`.
@@ -853,6 +889,10 @@ unsafe extern "C" fn buffer_completed(
                     activity::KIND_CONCURRENT_KERNEL => {
                         let k = activity::kernel(p, &mut ctx, diag);
                         ctx.tally.kernels += 1;
+                        if incomplete(k.start_ns, k.end_ns) {
+                            ctx.tally.incomplete += 1;
+                            continue;
+                        }
                         if k.launch_ns != 0 {
                             let lag = k.end_ns.saturating_sub(k.launch_ns);
                             ctx.tally.lag_max_ns = ctx.tally.lag_max_ns.max(lag);
@@ -862,16 +902,28 @@ unsafe extern "C" fn buffer_completed(
                     activity::KIND_GRAPH_TRACE => {
                         let g = activity::graph(p, &mut ctx);
                         ctx.tally.graphs += 1;
+                        if incomplete(g.start_ns, g.end_ns) {
+                            ctx.tally.incomplete += 1;
+                            continue;
+                        }
                         ctx.w.push(g.as_bytes());
                     }
                     activity::KIND_MEMCPY => {
                         let m = activity::memcpy(p, &mut ctx);
                         ctx.tally.mems += 1;
+                        if incomplete(m.start_ns, m.end_ns) {
+                            ctx.tally.incomplete += 1;
+                            continue;
+                        }
                         ctx.w.push(m.as_bytes());
                     }
                     activity::KIND_MEMSET => {
                         let m = activity::memset(p, &mut ctx);
                         ctx.tally.mems += 1;
+                        if incomplete(m.start_ns, m.end_ns) {
+                            ctx.tally.incomplete += 1;
+                            continue;
+                        }
                         ctx.w.push(m.as_bytes());
                     }
                     _ => ctx.tally.others += 1,
@@ -892,7 +944,12 @@ unsafe extern "C" fn buffer_completed(
     });
     if let Some(s) = SHIM.get() {
         // A full pool drops the buffer (freed here).
-        let _ = s.buffers.push(owned);
+        let pool = if owned.len() * 8 >= BUFFER_BYTES {
+            &s.buffers
+        } else {
+            &s.small_buffers
+        };
+        let _ = pool.push(owned);
     }
 }
 
@@ -1224,6 +1281,8 @@ pub unsafe extern "C" fn slo_probe_debug_counters(out: *mut u64, n: usize) -> us
             r(&c.sample_windows),
             r(&h.callback_ns),
             r(&s.sampled_steps),
+            r(&c.incomplete_records),
+            r(&c.forced_flushes),
         ];
         if !out.is_null() {
             for (i, v) in all.iter().enumerate().take(n) {

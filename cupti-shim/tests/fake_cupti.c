@@ -42,7 +42,7 @@ static uint8_t enabled[8][1024];
 static void say(const char *what) {
     pthread_mutex_lock(&mu);
     size_t n = strlen(what);
-    int repeat = n <= log_len && strcmp(what, "flush;") == 0 &&
+    int repeat = n <= log_len && (strcmp(what, "flush;") == 0 || strcmp(what, "flush forced;") == 0) &&
                  memcmp(log_buf + log_len - n, what, n) == 0;
     if (!repeat && log_len + n + 1 < sizeof log_buf) {
         memcpy(log_buf + log_len, what, n);
@@ -108,8 +108,7 @@ uint32_t cuptiActivityRegisterCallbacks(requested_fn r, completed_fn c) {
 }
 uint32_t cuptiActivityRegisterTimestampCallback(timestamp_fn f) { (void)f; return 0; }
 uint32_t cuptiActivityFlushAll(uint32_t flags) {
-    (void)flags;
-    say("flush;");
+    say((flags & 1) ? "flush forced;" : "flush;");
     if (requested != NULL && completed != NULL) {
         uint8_t *buf = NULL;
         size_t size = 0, max = 0;

@@ -72,7 +72,8 @@ fn host_text(what: &str) -> Option<HostCause> {
 }
 
 /// The host cause behind the job's violation, from the host nodes of the tree: throttling when
-/// its node breaches (it makes the throttled threads wait on the run queue too); else the role
+/// its node breaches or grew by at least [`RUNQ_GROWTH_MS_PER_S`] (it makes the throttled
+/// threads wait on the run queue too); else the role
 /// whose run-queue wait grew the most over its baseline, in ms per second (time every role
 /// spends waiting, so comparable), when its node breaches or it grew by at least
 /// [`RUNQ_GROWTH_MS_PER_S`]; else retransmits when their node breaches; else the cause the
@@ -81,7 +82,17 @@ fn host_cause(slo: &SloSnapshot, v: &Violation) -> HostCause {
     let breaching = |n: &slo_probe_core::slo::NodeView| {
         matches!(n.state, NodeState::Breaching | NodeState::Violated(_))
     };
-    if slo.node("host.throttling").is_some_and(breaching) {
+    // Throttled time grows at once with a quota, while its node may take a few windows to
+    // breach (and the healer diagnoses when the iteration's violation opens): growth of
+    // [`RUNQ_GROWTH_MS_PER_S`] over its baseline names it as well.
+    let throttle_grew = |n: &slo_probe_core::slo::NodeView| {
+        n.value
+            .is_some_and(|v| v - n.baseline.unwrap_or(0.0) >= RUNQ_GROWTH_MS_PER_S)
+    };
+    if slo
+        .node("host.throttling")
+        .is_some_and(|n| breaching(n) || throttle_grew(n))
+    {
         return HostCause::Throttling;
     }
     let grown = slo
@@ -350,6 +361,18 @@ mod tests {
         assert_eq!(
             violation(&throttled).expect("v").host,
             HostCause::Throttling
+        );
+        // Throttled 300 ms/s more than its baseline, its node not breaching yet: throttling
+        // (ahead of the main thread's run-queue growth, which the throttling causes).
+        let mut growing = slo.clone();
+        growing.nodes[4].value = Some(310.0);
+        growing.nodes[4].baseline = Some(10.0);
+        assert_eq!(violation(&growing).expect("v").host, HostCause::Throttling);
+        // 50 ms/s more: not enough on its own.
+        growing.nodes[4].value = Some(60.0);
+        assert_eq!(
+            violation(&growing).expect("v").host,
+            HostCause::RunqueueMain
         );
         // Nothing grew: the attribution's sentence.
         let mut quiet = slo.clone();

@@ -1123,16 +1123,32 @@ impl Healer {
         };
         let first_report = self.reported != Some(v.since_ns);
         self.reported = Some(v.since_ns);
-        let Some((_, rule)) = policy::diagnose(&self.config.policy, &v) else {
+        // A strategy kept at its mild level while this violation stays open is a candidate for
+        // its strong level whatever the rule now says: it helped with this very violation, and
+        // the host cause it removed in part may no longer be the one that stands out.
+        let escalations: Vec<Strategy> = self
+            .in_force
+            .iter()
+            .filter(|f| f.arm.level == Level::Mild && f.since_ns >= v.since_ns)
+            .map(|f| f.arm.strategy)
+            .collect();
+        let rule = policy::diagnose(&self.config.policy, &v).map(|(_, r)| r.candidates.clone());
+        if rule.is_none() && escalations.is_empty() {
             if first_report {
                 self.emit(now, None, Event::NoRule);
             }
             self.cooldown(now);
             return Decision::Nothing;
-        };
+        }
+        let mut listed = rule.unwrap_or_default();
+        for s in escalations {
+            if !listed.contains(&s) {
+                listed.push(s);
+            }
+        }
         let mut candidates = Vec::new();
         let mut skipped = Vec::new();
-        for &s in &rule.candidates {
+        for &s in &listed {
             let why = if !self.config.enabled.contains(&s) {
                 Some("not in heal.enabled".to_owned())
             } else if self

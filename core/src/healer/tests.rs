@@ -661,6 +661,45 @@ fn a_mild_strategy_in_force_can_be_escalated() {
     );
 }
 
+/// A throttled job kept neighbor-isolation at its mild level; the violation stays open and now
+/// reads as the pin-memory thread's run-queue wait (whose rule does not list neighbor-isolation): the
+/// strong level of the kept strategy is still tried.
+#[test]
+fn a_kept_mild_strategy_is_escalated_when_the_diagnosis_moves() {
+    let mut h = Healer::new(1, config());
+    let mut sim = Sim::new(|s| {
+        if s == Strategy::NeighborIsolation {
+            Effect::Fixes
+        } else {
+            Effect::Useless
+        }
+    });
+    sim.host = HostCause::Throttling;
+    run(&mut h, &mut sim, 10, None);
+    sim.fault_on();
+    h.in_force.push(InForce {
+        action: 99,
+        arm: Arm {
+            strategy: Strategy::NeighborIsolation,
+            level: Level::Mild,
+        },
+        since_ns: sim.now,
+    });
+    sim.host = HostCause::RunqueuePinMemory;
+    let d = run(&mut h, &mut sim, 200, None);
+    let strong = d.iter().any(|(_, d)| {
+        matches!(
+            d,
+            Decision::Apply {
+                strategy: Strategy::NeighborIsolation,
+                level: Level::Strong,
+                ..
+            }
+        )
+    });
+    assert!(strong, "{d:?}");
+}
+
 /// The first breaching window began a second before the fault (it straddled the onset): the
 /// before window still holds faulty iterations only.
 #[test]
