@@ -714,6 +714,8 @@ struct Action {
     after_gpu: Vec<f64>,
     after_jitter: Vec<f64>,
     violated_node: String,
+    /// What the before window measured (its GPU utilisation and jitter bound the constraints).
+    before: Measured,
 }
 
 /// A before window measured in a fault, kept for the next attempt at the same violation: a
@@ -1315,6 +1317,7 @@ impl Healer {
             after_gpu: Vec::new(),
             after_jitter: Vec::new(),
             violated_node: v.node.clone(),
+            before: m,
         });
         self.enter(Phase::Acting, now);
         Decision::Apply {
@@ -1408,8 +1411,24 @@ impl Healer {
         let Some(base) = self.baseline() else {
             return self.revert(now, RevertReason::Timeout, None);
         };
+        // The constraints hold an action to the job as it was before it, or to the baseline
+        // where that was better: in a fault GPU utilisation is already down, and an action that
+        // raises it part of the way back has broken nothing (measured on the H200: deadline-aware
+        // took a launch-bound job from 27.3 to 19.3 ms per step and was rolled back because its
+        // GPU utilisation was still under 95% of the healthy one).
+        let bound = Baseline {
+            gpu_util: match (base.gpu_util, a.before.gpu_util) {
+                (Some(b), Some(f)) => Some(b.min(f)),
+                (b, _) => b,
+            },
+            sync_jitter_ms: match (base.sync_jitter_ms, a.before.sync_jitter_ms) {
+                (Some(b), Some(f)) => Some(b.max(f)),
+                (b, _) => b,
+            },
+            ..base
+        };
         let o = m
-            .map(|m| self.objectives(&m, &base, obs.slo_p99_ms))
+            .map(|m| self.objectives(&m, &bound, obs.slo_p99_ms))
             .unwrap_or_default();
         let stats = VerifyStats {
             before_blocks: a.before_blocks.len(),

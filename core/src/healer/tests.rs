@@ -33,6 +33,9 @@ struct Sim {
     unavailable: BTreeMap<Strategy, String>,
     /// The violation's first breaching window began this long before the fault (ns).
     early_since: u64,
+    /// Report GPU utilisation as a launch-bound job's: 0.9 at the base step time, down in
+    /// proportion as steps get longer (else none is reported).
+    util: bool,
 }
 
 impl Sim {
@@ -50,6 +53,7 @@ impl Sim {
             host: HostCause::RunqueueMain,
             unavailable: BTreeMap::new(),
             early_since: 0,
+            util: false,
         }
     }
 
@@ -119,7 +123,7 @@ impl Sim {
             slo_p99_ms: Some(self.base_ms * 1.15),
             iterations_per_s: Some(1000.0 / self.iteration_ms()),
             host_cpu_util: Some(0.5),
-            gpu_util: None,
+            gpu_util: self.util.then(|| 0.9 * self.base_ms / self.iteration_ms()),
             sync_jitter_ms: None,
             nodes,
             violation,
@@ -698,6 +702,29 @@ fn a_kept_mild_strategy_is_escalated_when_the_diagnosis_moves() {
         )
     });
     assert!(strong, "{d:?}");
+}
+
+/// A launch-bound job's GPU utilisation falls with its step time. A strategy that takes a 3x
+/// slower job to 1.2x raises utilisation from 0.30 to 0.75: still under 95% of the healthy 0.9,
+/// but the constraint holds an action to the job as it was before it, so it is kept.
+#[test]
+fn a_partial_fix_that_raises_gpu_utilisation_is_kept() {
+    let mut h = Healer::new(1, config());
+    let mut sim = Sim::new(|s| {
+        if s == Strategy::NumaPinning {
+            Effect::Worse(0.4)
+        } else {
+            Effect::Useless
+        }
+    });
+    sim.util = true;
+    run(&mut h, &mut sim, 10, None);
+    assert!(h.baseline().is_some_and(|b| b.gpu_util.is_some()));
+    sim.fault_on();
+    let d = run(&mut h, &mut sim, 120, None);
+    assert!(sim.in_force.contains(&Strategy::NumaPinning), "{d:?}");
+    let names = events(&h);
+    assert!(names.contains(&"kept"), "{names:?}");
 }
 
 /// The first breaching window began a second before the fault (it straddled the onset): the
