@@ -716,6 +716,8 @@ struct Action {
     violated_node: String,
     /// What the before window measured (its GPU utilisation and jitter bound the constraints).
     before: Measured,
+    /// The violation it acts on (its `since_ns`).
+    since_ns: u64,
 }
 
 /// A before window measured in a fault, kept for the next attempt at the same violation: a
@@ -728,6 +730,9 @@ struct Before {
     iters: Vec<f64>,
     nodes: BTreeMap<String, Vec<f64>>,
 }
+
+/// How long after its rollback a strategy may be tried again against a new violation, ns.
+const RETRY_NEW_VIOLATION_NS: u64 = 30_000_000_000;
 
 /// How long a before window is reused for further attempts at the same violation.
 const BEFORE_REUSE_NS: u64 = 60_000_000_000;
@@ -752,6 +757,13 @@ pub struct Healer {
     action: Option<Action>,
     in_force: Vec<InForce>,
     rate: RateLimit,
+    /// Strategies rolled back: the violation (its `since_ns`) they failed against, and when.
+    /// One that failed against an earlier violation may be tried again against a new one after
+    /// [`RETRY_NEW_VIOLATION_NS`], its strategy cooldown notwithstanding (the hourly cap
+    /// still holds): a false alarm that used up every strategy must not leave the next real
+    /// fault without any (seen on the H200: a warm-up alarm cooled all three host strategies
+    /// for 300 s, and the fault 26 s later found none).
+    failed_on: BTreeMap<Strategy, (u64, u64)>,
     tuner: Tuner,
     /// Last iteration end seen.
     last_end_ns: u64,
@@ -807,6 +819,7 @@ impl Healer {
         Self {
             job,
             rate: RateLimit::new(config.max_actions_per_hour),
+            failed_on: BTreeMap::new(),
             tuner: Tuner::new(config.discount, seed),
             config,
             phase: Phase::Watching,
@@ -1160,7 +1173,10 @@ impl Healer {
             {
                 Some("already in force at its strong level".to_owned())
             } else if let Err(r) = self.rate.check_cooldown(s, now) {
-                Some(r.to_string())
+                let retry = self.failed_on.get(&s).is_some_and(|&(since, at)| {
+                    since != v.since_ns && now.saturating_sub(at) >= RETRY_NEW_VIOLATION_NS
+                });
+                (!retry).then(|| r.to_string())
             } else {
                 obs.unavailable.get(&s).cloned()
             };
@@ -1318,6 +1334,7 @@ impl Healer {
             after_jitter: Vec::new(),
             violated_node: v.node.clone(),
             before: m,
+            since_ns: v.since_ns,
         });
         self.enter(Phase::Acting, now);
         Decision::Apply {
@@ -1362,6 +1379,7 @@ impl Healer {
             a.arm.strategy,
             now + (self.config.strategy_cooldown_s * NS) as u64,
         );
+        self.failed_on.insert(a.arm.strategy, (a.since_ns, now));
         if reason == RevertReason::EarlyWorsening {
             // The job got clearly worse while the action was in force: the fault itself may
             // have grown (a throttled group takes a while to feel its quota), so the next

@@ -727,6 +727,41 @@ fn a_partial_fix_that_raises_gpu_utilisation_is_kept() {
     assert!(names.contains(&"kept"), "{names:?}");
 }
 
+/// A false alarm on which every candidate was tried and rolled back does not leave the next
+/// fault without strategies: each may be tried again against a new violation 30 s after its
+/// rollback, its 300 s cooldown notwithstanding.
+#[test]
+fn strategies_rolled_back_on_one_violation_may_be_tried_on_the_next() {
+    let (mut h, mut sim) = healthy_start(|_| Effect::Useless);
+    sim.fault_on();
+    let first = run(&mut h, &mut sim, 90, None);
+    let reverted = |d: &[(u64, Decision)]| {
+        d.iter()
+            .filter(|(_, d)| matches!(d, Decision::Revert { .. }))
+            .count()
+    };
+    assert!(reverted(&first) >= 2, "{first:?}");
+    assert!(sim.in_force.is_empty());
+    // The fault goes, the violation closes.
+    sim.fault = 1.0;
+    sim.fault_since = None;
+    run(&mut h, &mut sim, 40, None);
+    sim.effect = |s| {
+        if s == Strategy::NeighborIsolation {
+            Effect::Fixes
+        } else {
+            Effect::Useless
+        }
+    };
+    sim.fault_on();
+    let second = run(&mut h, &mut sim, 120, None);
+    assert_eq!(
+        sim.in_force,
+        vec![Strategy::NeighborIsolation],
+        "{second:?}"
+    );
+}
+
 /// The first breaching window began a second before the fault (it straddled the onset): the
 /// before window still holds faulty iterations only.
 #[test]
