@@ -198,12 +198,17 @@ impl Shim {
         let had_kernels = c.applied.depth != DEPTH_OFF && c.applied.depth >= DEPTH_KERNELS;
         // SAFETY: `sub` is the shim's subscriber (or null in activity-only mode).
         let r = unsafe { switch_cupti(api, sub, &mut c.applied, depth, domains) };
-        if r.is_ok() && had_kernels && c.applied.depth == DEPTH_TIMING {
-            // The sampled window has ended and drained (the planner waits out the GPU's lag
-            // before switching): its kernel records are complete but sit in a buffer with
-            // records of work still queued, which a default flush never returns (see
-            // `BUFFER_BYTES`). Forced: records still queued come back without timestamps and
-            // are counted and dropped (`incomplete_records`).
+        if r.is_ok()
+            && had_kernels
+            && c.applied.depth == DEPTH_TIMING
+            && self.buffers_cfg.forced_flush
+        {
+            // Opt-in (`SLO_PROBE_FORCED_FLUSH=1`; it corrupts later records' correlation ids
+            // on CUDA 13, see `BUFFER_BYTES`). The sampled window has ended and drained (the
+            // planner waits out the GPU's lag before switching): its kernel records are
+            // complete but sit in a buffer with records of work still queued, which a default
+            // flush never returns. Forced: records still queued come back without timestamps
+            // and are counted and dropped (`incomplete_records`).
             // SAFETY: from the flusher (or a blocking entry point), never from a callback.
             unsafe { (api.cuptiActivityFlushAll)(crate::FLUSH_FORCED) };
             self.counters.forced_flushes.fetch_add(1, Ordering::Relaxed);

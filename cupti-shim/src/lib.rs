@@ -90,14 +90,45 @@ pub(crate) const FLUSH_FORCED: u32 = 1;
 /// holds records of work still queued: it comes back when it is full (and its work done), or at
 /// a forced flush. Measured on the H200 (fault fixtures of 2026-11): with one 8 MiB size for
 /// everything, no kernel record of a sampled window reached the agent before the job exited.
-/// So buffers are sized to fill in well under a second at the rate they are written, and the
-/// end of every sampled window forces a flush (see `control::switch`).
-const BUFFER_BYTES: usize = 1 << 20;
+/// A forced flush at the end of every window delivered them within a second or two, but from
+/// then on a fifth to a quarter of kernel records carried the correlation id of the record
+/// before them (`scripts/gpu-buffer-check`, 2026-12-01: 20,583 repeats in 99,913 records; 0
+/// without the forced flush), which breaks every launch stamp. So the forced flush is off
+/// (`SLO_PROBE_FORCED_FLUSH=1` turns it on) and buffers are small instead: about 300 kernel
+/// records, so that a window's records come back in buffers that fill within the window.
+const BUFFER_BYTES: usize = 64 << 10;
 /// Size of each buffer handed out at timing depth (memcpy, memset and graph-level records only,
 /// a few per step): about 150 records, so that they come back within seconds.
 const SMALL_BUFFER_BYTES: usize = 16 << 10;
 /// Buffers kept for reuse, of each size.
 const BUFFER_POOL: usize = 8;
+
+/// How activity buffers are sized, reused and flushed (see [`Shim::buffers_cfg`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BufferCfg {
+    pub large: usize,
+    pub small: usize,
+    pub reuse: bool,
+    pub forced_flush: bool,
+}
+
+impl BufferCfg {
+    fn from_env() -> Self {
+        let kib = |k: &str, d: usize| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .map_or(d, |v| (v.clamp(4, 64 << 10)) << 10)
+        };
+        let on = |k: &str| std::env::var(k).map_or(true, |v| v != "0");
+        Self {
+            large: kib("SLO_PROBE_BUFFER_KIB", BUFFER_BYTES >> 10),
+            small: kib("SLO_PROBE_SMALL_BUFFER_KIB", SMALL_BUFFER_BYTES >> 10),
+            reuse: on("SLO_PROBE_BUFFER_REUSE"),
+            forced_flush: std::env::var("SLO_PROBE_FORCED_FLUSH").is_ok_and(|v| v == "1"),
+        }
+    }
+}
 /// Launch correlation slots (a power of two): more launches than this between a launch and
 /// the flush of its record overwrite the oldest.
 const CORR_SLOTS: usize = 1 << 16;
@@ -189,6 +220,8 @@ struct Counters {
     incomplete_records: AtomicU64,
     /// Forced flushes at the end of sampled windows.
     forced_flushes: AtomicU64,
+    /// See `Tally::corr_repeats`.
+    corr_repeats: AtomicU64,
 }
 
 struct Shim {
@@ -227,6 +260,11 @@ struct Shim {
     control: Mutex<Control>,
     /// MEMCPY and MEMSET activity on (`SLO_PROBE_MEM_ACTIVITY`, default 1).
     mem_activity: bool,
+    /// Buffer handling, for checks on the GPU: sizes (`SLO_PROBE_BUFFER_KIB`, default 64;
+    /// `SLO_PROBE_SMALL_BUFFER_KIB`, default 16), reuse of completed buffers
+    /// (`SLO_PROBE_BUFFER_REUSE`, default 1) and the forced flush at the end of a sampled
+    /// window (`SLO_PROBE_FORCED_FLUSH`, default 0: see [`BUFFER_BYTES`]).
+    pub(crate) buffers_cfg: BufferCfg,
     counters: Counters,
     log: bool,
 }
@@ -379,6 +417,7 @@ fn shim() -> &'static Shim {
             script_request: AtomicU64::new(0),
             control: Mutex::new(Control::new(depth::Planner::new(cfg, now_ns()))),
             mem_activity: std::env::var("SLO_PROBE_MEM_ACTIVITY").map_or(true, |v| v != "0"),
+            buffers_cfg: BufferCfg::from_env(),
             counters: Counters::default(),
             log,
         };
@@ -586,6 +625,10 @@ struct Tally {
     lag_max_ns: u64,
     /// Records a forced flush returned before their work ran (no timestamps): dropped.
     incomplete: u64,
+    /// Kernel records with the correlation id of the kernel record before them (eager
+    /// launches have one kernel each: many repeats mean the ids are not the launches').
+    corr_repeats: u64,
+    last_corr: u32,
 }
 
 impl Tally {
@@ -601,6 +644,7 @@ impl Tally {
             (&c.corr_hits_driver, self.kernel_hits_driver),
             (&c.corr_hits_runtime, self.kernel_hits_runtime),
             (&c.incomplete_records, self.incomplete),
+            (&c.corr_repeats, self.corr_repeats),
         ] {
             if n > 0 {
                 counter.fetch_add(n, Ordering::Relaxed);
@@ -815,10 +859,11 @@ unsafe extern "C" fn buffer_requested(buf: *mut *mut u8, size: *mut usize, max: 
         // depth, and a small buffer then fills within a step): large buffers; else small.
         let d = s.depth_now.load(Ordering::Relaxed);
         let large = d != DEPTH_OFF && d >= DEPTH_KERNELS;
+        let cfg = s.buffers_cfg;
         let (pool, bytes) = if large {
-            (&s.buffers, BUFFER_BYTES)
+            (&s.buffers, cfg.large)
         } else {
-            (&s.small_buffers, SMALL_BUFFER_BYTES)
+            (&s.small_buffers, cfg.small)
         };
         let b = pool
             .pop()
@@ -889,6 +934,10 @@ unsafe extern "C" fn buffer_completed(
                     activity::KIND_CONCURRENT_KERNEL => {
                         let k = activity::kernel(p, &mut ctx, diag);
                         ctx.tally.kernels += 1;
+                        if k.correlation_id == ctx.tally.last_corr {
+                            ctx.tally.corr_repeats += 1;
+                        }
+                        ctx.tally.last_corr = k.correlation_id;
                         if incomplete(k.start_ns, k.end_ns) {
                             ctx.tally.incomplete += 1;
                             continue;
@@ -944,12 +993,15 @@ unsafe extern "C" fn buffer_completed(
     });
     if let Some(s) = SHIM.get() {
         // A full pool drops the buffer (freed here).
-        let pool = if owned.len() * 8 >= BUFFER_BYTES {
-            &s.buffers
-        } else {
-            &s.small_buffers
-        };
-        let _ = pool.push(owned);
+        let cfg = s.buffers_cfg;
+        if cfg.reuse {
+            let pool = if owned.len() * 8 >= cfg.large {
+                &s.buffers
+            } else {
+                &s.small_buffers
+            };
+            let _ = pool.push(owned);
+        }
     }
 }
 
@@ -1283,6 +1335,7 @@ pub unsafe extern "C" fn slo_probe_debug_counters(out: *mut u64, n: usize) -> us
             r(&s.sampled_steps),
             r(&c.incomplete_records),
             r(&c.forced_flushes),
+            r(&c.corr_repeats),
         ];
         if !out.is_null() {
             for (i, v) in all.iter().enumerate().take(n) {

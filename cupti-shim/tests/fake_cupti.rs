@@ -304,14 +304,11 @@ fn depth_control_loop_against_a_fake_cupti() {
     assert!(calls[..on].contains("cb+ 2:211;") && calls[..on].contains("cb+ 1:307;"));
     let off_at = calls.find("disable 10;").expect("kernels off");
     assert!(calls[..off_at].ends_with("flush;"), "{}", &calls[..off_at]);
-    // ... and a forced one once it is off: the window's records sit in a buffer with records of
-    // work still queued, which a default flush never returns.
-    let after_off = &calls[off_at..];
-    let forced = after_off.find("flush forced;").expect("a forced flush");
-    assert!(
-        after_off.find("enable 10;").is_none_or(|on| forced < on),
-        "{after_off}"
-    );
+    // ... and no forced one once it is off unless asked for (SLO_PROBE_FORCED_FLUSH=1): on
+    // CUDA 13 it corrupts the correlation ids of later kernel records.
+    // (Releasing CUPTI flushes forced: nothing is traced after it.)
+    let release = calls.find("disable 51;").unwrap_or(calls.len());
+    assert!(!calls[..release].contains("flush forced;"), "{calls}");
     assert!(calls.contains("disable 51;") && calls.contains("unsubscribe;"));
     // What the shim published.
     let h = ring.header();

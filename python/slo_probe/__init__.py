@@ -250,6 +250,7 @@ DEBUG_COUNTERS = (
     "queue_dropped", "other_records", "node_ops_full", "graph_launches", "corr_hits_driver",
     "corr_hits_runtime", "launch_domains", "depth_changes", "toggle_ns", "sample_windows",
     "callback_ns", "sampled_steps", "incomplete_records", "forced_flushes",
+    "corr_repeats",
 )
 
 
