@@ -13,9 +13,10 @@
 //! not decide the figures.
 //!
 //! The step times the workload prints itself (CLOCK_MONOTONIC) are the independent measure:
-//! the baseline is their median before the fault, and the SLO is met again at the first step
-//! from which the median of 10 consecutive steps is within 10% of the baseline (SRT, from the
-//! fault's onset), the run's last 3 s staying there. The journal says what the healer did; knobs
+//! the baseline is their median before the fault, and the SLO is met again at the first step,
+//! once the kept action was applied, from which the median of every 25 consecutive steps stays
+//! within 10% of the baseline for 3 s (SRT, from the fault's onset), the run's last 5 s staying
+//! there. The journal says what the healer did; knobs
 //! are read back from /proc and cgroupfs, not through the healer's code. Also: a strategy forced
 //! to be useless is rolled back within one verify window, `heal undo` leaves every knob as it
 //! was, an agent SIGKILLed after applying an action restores it when restarted, and shadow mode
@@ -43,8 +44,10 @@ use slo_probe_tests::{artefact, free_addr, monotonic_ns, online_cpus, root_or_sk
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// Consecutive steps whose median must be within 10% of the baseline.
-const RUN: usize = 10;
+/// Consecutive steps whose median must be within 10% of the baseline: about a second of the
+/// workload's 40 ms steps (10 steps, 0.4 s, let single medians stray past 10% on a healed job
+/// on this 2-core VM; seen in a full run: a job at +5% on average never held 3 s of them).
+const RUN: usize = 25;
 
 fn v1_cpu_root() -> Option<PathBuf> {
     slo_probe::sources::cgroup::CgroupMounts::detect().v1_cpu
@@ -448,7 +451,7 @@ impl Drop for Setup {
 /// When the SLO was met again: the first step after `from` (the kept action's application, so
 /// that a trial later rolled back does not count) from which the median of every `RUN`
 /// consecutive steps is within 10% of `base_ms` for [`HELD_NS`]. That the job stays healed is
-/// checked apart (the last 3 s of the run).
+/// checked apart (the last 5 s of the run).
 fn recovered_at(steps: &[(u64, u64)], from: u64, base_ms: f64) -> Option<u64> {
     let after: Vec<&(u64, u64)> = steps.iter().filter(|(e, _)| *e > from).collect();
     let ok = |w: &[&(u64, u64)]| {
@@ -595,10 +598,10 @@ fn healed(
         "host causes diagnosed {diagnosed:?}, want {host}"
     );
     // Let the job run healed for a while.
-    std::thread::sleep(Duration::from_secs(6));
+    std::thread::sleep(Duration::from_secs(8));
     dump(w);
     let now = monotonic_ns();
-    let end_ms = w.median_ms(now - 3_000_000_000, now);
+    let end_ms = w.median_ms(now - 5_000_000_000, now);
     let steps = w.steps();
     let felt = felt_at(w, fault_ns, base_ms);
     // The kept action's application: the last one before it was kept (one at a time).
