@@ -133,7 +133,7 @@ def main():
         "gpu_util_before": g_before, "gpu_util_during": g_during, "gpu_util_after": g_after,
         "gpu_util_restored": (g_after / g_before) if g_before and g_after is not None else None,
         "diagnosed": diagnosed and {k: diagnosed.get(k) for k in ("node", "dimension", "host", "detail")},
-        "tried": tried, "kept": kept, "reverted": reverted,
+        "tried": tried, "kept": kept, "reverted": reverted, "healer_recovered": bool(kept),
         "nodes": side,
         "undo": open(os.path.join(o, "undo.txt")).read() if os.path.exists(os.path.join(o, "undo.txt")) else None,
     }
@@ -146,6 +146,10 @@ def main():
     print(f"| step time, median ms | {f(base)} | {f(during)} | {f(after)} |")
     print(f"| GPU utilisation, mean % | {f(g_before, '{:.1f}')} | {f(g_during, '{:.1f}')} | {f(g_after, '{:.1f}')} |")
     print()
+    if not kept:
+        # Without an action kept the figures below are the job's own (the scheduler's, the
+        # fault's effect fading), not the healer's: say so before them.
+        print("- **no action was kept during the fault: the recovery figures below are not the healer's**")
     print(f"- SRT (fault onset → median of 10 steps within 10% of the baseline): **{f(result['srt_s'], '{:.1f}')} s**")
     print(f"- GPU utilisation restored: **{f(result['gpu_util_restored'] and 100 * result['gpu_util_restored'], '{:.1f}')}%** of the baseline (aim ≥ 92%)")
     print(f"- first action applied {f(first_apply, '{:.1f}')} s after the onset; kept {f(first_kept, '{:.1f}')} s")
