@@ -408,6 +408,22 @@ impl Actuator for DeadlineAware {
 /// the job's other threads on the rest.
 pub struct NumaPinning;
 
+/// The CPUs a cpuset cgroup folder lets its tasks use: v2's `cpuset.cpus.effective`, v1's
+/// `cpuset.effective_cpus`, else `cpuset.cpus`; an empty list means none was set there (v2: the
+/// parent's apply), so it is no answer. (An empty v2 `cpuset.cpus` read as "no CPU" made
+/// numa-pinning see 0 usable CPUs on the H200 machine.)
+fn cpuset_cpus(dir: &std::path::Path) -> Option<BTreeSet<u32>> {
+    [
+        "cpuset.cpus.effective",
+        "cpuset.effective_cpus",
+        "cpuset.cpus",
+    ]
+    .iter()
+    .filter_map(|f| std::fs::read_to_string(dir.join(f)).ok())
+    .map(|t| parse_cpu_list(&t).into_iter().collect::<BTreeSet<u32>>())
+    .find(|c| !c.is_empty())
+}
+
 impl NumaPinning {
     /// The local CPUs of the job: its GPU's (NVML), else the NUMA node of its main thread's
     /// CPU, else all online CPUs; within what the job may use (its main thread's cpuset).
@@ -430,11 +446,8 @@ impl NumaPinning {
             .and_then(|rel| {
                 let h = Hierarchies::detect();
                 let (dir, _) = h.dir(rel.trim(), Controller::Cpuset)?;
-                std::fs::read_to_string(dir.join("cpuset.effective_cpus"))
-                    .or_else(|_| std::fs::read_to_string(dir.join("cpuset.cpus")))
-                    .ok()
+                cpuset_cpus(&dir)
             })
-            .map(|t| parse_cpu_list(&t).into_iter().collect())
             .unwrap_or_else(|| {
                 online
                     .iter()
@@ -926,6 +939,21 @@ pub fn actuator(strategy: Strategy) -> Box<dyn Actuator> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_cpuset_folder_with_nothing_set_is_no_answer() {
+        let dir = std::env::temp_dir().join(format!("slo-probe-cpuset-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        // v2 child cgroup: cpuset.cpus empty (inherit), no effective file readable here.
+        std::fs::write(dir.join("cpuset.cpus"), "\n").expect("write");
+        assert_eq!(super::cpuset_cpus(&dir), None);
+        std::fs::write(dir.join("cpuset.cpus.effective"), "2-3,8\n").expect("write");
+        assert_eq!(
+            super::cpuset_cpus(&dir),
+            Some([2u32, 3, 8].into_iter().collect())
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     use super::*;
     use crate::healer::journal::tests::{cg, FakeKnobs};
 
