@@ -59,12 +59,20 @@ fn a_slower_job_opens_a_violation_in_the_agent() {
     let deadline = Instant::now() + Duration::from_secs(40);
     let found = loop {
         let p = src.processes().into_iter().find(|p| p.pid == pid);
-        if let Some(v) = p.as_ref().and_then(|p| p.slo.as_ref()).and_then(|s| {
-            s.violations
-                .iter()
-                .find(|v| v.attribution.is_some())
-                .cloned()
-        }) {
+        // The attribution of an open violation is refreshed as more slow iterations come in:
+        // the first one, at the onset, may have compared only the first slow steps (on a loaded
+        // machine: +6 ms), so wait for it to settle on the slowdown.
+        let settled = |v: &&slo_probe_core::slo::Violation| {
+            v.attribution
+                .as_ref()
+                .and_then(|a| a.top())
+                .is_some_and(|c| (15e6..35e6).contains(&c.delta_ns))
+        };
+        if let Some(v) = p
+            .as_ref()
+            .and_then(|p| p.slo.as_ref())
+            .and_then(|s| s.violations.iter().find(settled).cloned())
+        {
             break (p.expect("process"), v);
         }
         assert!(

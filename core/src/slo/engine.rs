@@ -520,7 +520,21 @@ impl SloEngine {
                 (Some(old), Some(new)) => slowdown(new) < 0.5 * slowdown(old),
                 _ => false,
             };
-            if v.metric.per_iteration() && (enough || v.attribution.is_none()) && !recovered {
+            // Without traced iterations (a job with markers but no kernel records in the window)
+            // an attribution made over more iterations of the fault replaces one made over
+            // fewer: the first one, at the onset, may have compared only its first slow steps
+            // (seen in tests/slo_agent.rs on a loaded machine: +6 ms of a 25 ms slowdown, kept
+            // for good).
+            let fuller = match (&v.attribution, &attribution) {
+                (Some(old), Some(new)) => {
+                    new.traced.1 >= old.traced.1 && new.iterations.1 > old.iterations.1
+                }
+                _ => false,
+            };
+            if v.metric.per_iteration()
+                && (enough || v.attribution.is_none() || fuller)
+                && !recovered
+            {
                 v.attribution = attribution.clone();
             }
             v.chain = match &v.attribution {
