@@ -632,6 +632,16 @@ struct Tally {
 }
 
 impl Tally {
+    /// Whether a record's work ran: a forced flush returns records of work still queued, whose
+    /// timestamps CUPTI fills when it completes (still 0, or the end is). Those are counted.
+    fn complete(&mut self, start_ns: u64, end_ns: u64) -> bool {
+        let done = start_ns != 0 && end_ns != 0 && end_ns >= start_ns;
+        if !done {
+            self.incomplete += 1;
+        }
+        done
+    }
+
     fn add_to(&self, c: &Counters) {
         c.buffers_completed.fetch_add(1, Ordering::Relaxed);
         for (counter, n) in [
@@ -845,12 +855,6 @@ fn resource_callback(s: &Shim, cbid: u32, data: *const c_void) {
     }));
 }
 
-/// A record a forced flush returned before its work ran on the GPU: CUPTI fills the timestamps
-/// when it completes, so they are still 0 (or the end is).
-fn incomplete(start_ns: u64, end_ns: u64) -> bool {
-    start_ns == 0 || end_ns == 0 || end_ns < start_ns
-}
-
 unsafe extern "C" fn buffer_requested(buf: *mut *mut u8, size: *mut usize, max: *mut usize) {
     guard((), || {
         let t0 = now_ns();
@@ -938,8 +942,7 @@ unsafe extern "C" fn buffer_completed(
                             ctx.tally.corr_repeats += 1;
                         }
                         ctx.tally.last_corr = k.correlation_id;
-                        if incomplete(k.start_ns, k.end_ns) {
-                            ctx.tally.incomplete += 1;
+                        if !ctx.tally.complete(k.start_ns, k.end_ns) {
                             continue;
                         }
                         if k.launch_ns != 0 {
@@ -951,8 +954,7 @@ unsafe extern "C" fn buffer_completed(
                     activity::KIND_GRAPH_TRACE => {
                         let g = activity::graph(p, &mut ctx);
                         ctx.tally.graphs += 1;
-                        if incomplete(g.start_ns, g.end_ns) {
-                            ctx.tally.incomplete += 1;
+                        if !ctx.tally.complete(g.start_ns, g.end_ns) {
                             continue;
                         }
                         ctx.w.push(g.as_bytes());
@@ -960,8 +962,7 @@ unsafe extern "C" fn buffer_completed(
                     activity::KIND_MEMCPY => {
                         let m = activity::memcpy(p, &mut ctx);
                         ctx.tally.mems += 1;
-                        if incomplete(m.start_ns, m.end_ns) {
-                            ctx.tally.incomplete += 1;
+                        if !ctx.tally.complete(m.start_ns, m.end_ns) {
                             continue;
                         }
                         ctx.w.push(m.as_bytes());
@@ -969,8 +970,7 @@ unsafe extern "C" fn buffer_completed(
                     activity::KIND_MEMSET => {
                         let m = activity::memset(p, &mut ctx);
                         ctx.tally.mems += 1;
-                        if incomplete(m.start_ns, m.end_ns) {
-                            ctx.tally.incomplete += 1;
+                        if !ctx.tally.complete(m.start_ns, m.end_ns) {
                             continue;
                         }
                         ctx.w.push(m.as_bytes());

@@ -176,6 +176,15 @@ fn run(
     out
 }
 
+/// Neighbor isolation fixes the fault; every other strategy is useless.
+fn isolation_fixes(s: Strategy) -> Effect {
+    if s == Strategy::NeighborIsolation {
+        Effect::Fixes
+    } else {
+        Effect::Useless
+    }
+}
+
 fn healthy_start(effect: fn(Strategy) -> Effect) -> (Healer, Sim) {
     let mut h = Healer::new(1, config());
     let mut sim = Sim::new(effect);
@@ -602,13 +611,7 @@ fn config_ranges() {
 /// same fault: no second wait for 40 slow iterations.
 #[test]
 fn the_before_window_is_reused_after_a_rollback() {
-    let (mut h, mut sim) = healthy_start(|s| {
-        if s == Strategy::NeighborIsolation {
-            Effect::Fixes
-        } else {
-            Effect::Useless
-        }
-    });
+    let (mut h, mut sim) = healthy_start(isolation_fixes);
     sim.fault_on();
     let d = run(&mut h, &mut sim, 60, None);
     let mut last_revert = None;
@@ -671,13 +674,7 @@ fn a_mild_strategy_in_force_can_be_escalated() {
 #[test]
 fn a_kept_mild_strategy_is_escalated_when_the_diagnosis_moves() {
     let mut h = Healer::new(1, config());
-    let mut sim = Sim::new(|s| {
-        if s == Strategy::NeighborIsolation {
-            Effect::Fixes
-        } else {
-            Effect::Useless
-        }
-    });
+    let mut sim = Sim::new(isolation_fixes);
     sim.host = HostCause::Throttling;
     run(&mut h, &mut sim, 10, None);
     sim.fault_on();
@@ -746,13 +743,7 @@ fn strategies_rolled_back_on_one_violation_may_be_tried_on_the_next() {
     sim.fault = 1.0;
     sim.fault_since = None;
     run(&mut h, &mut sim, 40, None);
-    sim.effect = |s| {
-        if s == Strategy::NeighborIsolation {
-            Effect::Fixes
-        } else {
-            Effect::Useless
-        }
-    };
+    sim.effect = isolation_fixes;
     sim.fault_on();
     let second = run(&mut h, &mut sim, 120, None);
     assert_eq!(
