@@ -187,6 +187,9 @@ pub struct HealConfig {
     /// A kept strategy is released after the job has been healthy this long, s (0: never).
     /// Default [`core_healer::DEFAULT_HOLD_S`].
     pub hold_s: f64,
+    /// The healer must have followed a job this long before its baseline counts and it acts,
+    /// s. Default [`core_healer::DEFAULT_LEARN_S`].
+    pub learn_s: f64,
     /// Iterations per block. Default [`core_healer::DEFAULT_BLOCK_ITERATIONS`].
     pub block_iterations: u32,
     /// Blocks on each side of the final comparison. Default [`core_healer::DEFAULT_VERIFY_BLOCKS`].
@@ -245,6 +248,7 @@ impl Default for HealConfig {
             strategy_cooldown_s: c.strategy_cooldown_s,
             max_actions_per_hour: c.max_actions_per_hour,
             hold_s: c.hold_s,
+            learn_s: c.learn_s,
             block_iterations: c.block_iterations,
             verify_blocks: c.verify_blocks,
             early_blocks: c.early_blocks,
@@ -291,6 +295,7 @@ impl HealConfig {
             verify_timeout_s: self.verify_timeout_s,
             act_timeout_s: self.act_timeout_s,
             hold_s: self.hold_s,
+            learn_s: self.learn_s,
             discount: self.discount,
             weights: core_healer::tuner::RewardWeights {
                 latency: self.reward_latency,

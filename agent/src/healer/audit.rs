@@ -45,14 +45,26 @@ pub fn severity(e: &AuditEvent) -> Severity {
 pub fn body(e: &AuditEvent) -> String {
     let job = e.job;
     match &e.event {
-        Event::Learning { iterations, needed } => format!(
-            "job {job}: violation open but no healthy baseline yet ({iterations} of {needed} iterations)"
+        Event::Learning {
+            iterations,
+            needed,
+            learned_s,
+            needed_s,
+        } => format!(
+            "job {job}: violation open but no healthy baseline yet ({iterations} of {needed} \
+             iterations, followed {learned_s:.1} of {needed_s:.0} s)"
         ),
         Event::Diagnosed {
             node, host, detail, ..
-        } => format!("job {job}: {node} violated, host cause {}: {detail}", host.as_str()),
+        } => format!(
+            "job {job}: {node} violated, host cause {}: {detail}",
+            host.as_str()
+        ),
         Event::NoRule => format!("job {job}: no policy rule matches the cause: not acting"),
-        Event::AtBaseline { now_ms, baseline_ms } => format!(
+        Event::AtBaseline {
+            now_ms,
+            baseline_ms,
+        } => format!(
             "job {job}: violation open but the iterations are at the healthy baseline ({now_ms:.2} \
              vs {baseline_ms:.2} ms a block): nothing to heal"
         ),
@@ -80,7 +92,9 @@ pub fn body(e: &AuditEvent) -> String {
         Event::Revert {
             strategy, reason, ..
         } => format!("job {job}: rolling {strategy} back ({})", reason.as_str()),
-        Event::Reverted { strategy } => format!("job {job}: {strategy} undone, every knob read back"),
+        Event::Reverted { strategy } => {
+            format!("job {job}: {strategy} undone, every knob read back")
+        }
         Event::RevertFailed { strategy, reason } => {
             format!("job {job}: {strategy} could not be fully undone: {reason}")
         }

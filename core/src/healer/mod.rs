@@ -87,6 +87,12 @@ pub const DEFAULT_HOLD_S: f64 = 600.0;
 pub const DEFAULT_DISCOUNT: f64 = 0.95;
 /// Default audit events kept in the view's timeline.
 pub const DEFAULT_TIMELINE: usize = 64;
+/// Default time the healer must have followed the job before its baseline counts, s.
+/// A job's first seconds under a new agent are not its steady state (its own start-up, the
+/// agent's probes loading beside it): on CI's 2-core VM a baseline of the first 2 s of steps
+/// opened a false alarm 5 s later, acted on, that then stood in for the real fault; on the H200
+/// a warm-up false alarm cooled every strategy before the fault came (2026-12-01).
+pub const DEFAULT_LEARN_S: f64 = 15.0;
 /// Default healthy iterations the baseline is computed from.
 pub const DEFAULT_BASELINE_ITERATIONS: usize = 400;
 
@@ -129,6 +135,8 @@ pub struct HealerConfig {
     pub act_timeout_s: f64,
     /// Default [`DEFAULT_HOLD_S`].
     pub hold_s: f64,
+    /// Default [`DEFAULT_LEARN_S`].
+    pub learn_s: f64,
     /// Default [`DEFAULT_DISCOUNT`].
     pub discount: f64,
     /// Reward weights. Default 0.4 / 0.35 / 0.25.
@@ -163,6 +171,7 @@ impl Default for HealerConfig {
             verify_timeout_s: DEFAULT_VERIFY_TIMEOUT_S,
             act_timeout_s: DEFAULT_ACT_TIMEOUT_S,
             hold_s: DEFAULT_HOLD_S,
+            learn_s: DEFAULT_LEARN_S,
             discount: DEFAULT_DISCOUNT,
             weights: RewardWeights::default(),
             constraints: Constraints::default(),
@@ -239,6 +248,7 @@ impl HealerConfig {
             ("verify_timeout_s", self.verify_timeout_s),
             ("act_timeout_s", self.act_timeout_s),
             ("hold_s", self.hold_s),
+            ("learn_s", self.learn_s),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(range(key, &v, "must be a non-negative number of seconds"));
@@ -438,6 +448,12 @@ pub enum Event {
         iterations: usize,
         /// Needed.
         needed: usize,
+        /// Seconds the healer has followed the job so far.
+        #[serde(default)]
+        learned_s: f64,
+        /// Needed (`learn_s`).
+        #[serde(default)]
+        needed_s: f64,
     },
     /// A violation is being diagnosed.
     Diagnosed {
@@ -771,6 +787,8 @@ pub struct Healer {
     recent: VecDeque<IterationSample>,
     /// Healthy iterations (the baseline), ms, with their end times.
     healthy: VecDeque<IterationSample>,
+    /// The end of the first iteration the healer saw, ns.
+    first_end_ns: Option<u64>,
     healthy_ticks: VecDeque<Tick>,
     ticks: VecDeque<Tick>,
     /// Before windows start after this (a revert or a release changed the regime).
@@ -831,6 +849,7 @@ impl Healer {
             last_end_ns: 0,
             recent: VecDeque::new(),
             healthy: VecDeque::new(),
+            first_end_ns: None,
             healthy_ticks: VecDeque::new(),
             ticks: VecDeque::new(),
             regime_start_ns: 0,
@@ -902,9 +921,18 @@ impl Healer {
         }
     }
 
-    /// The healthy baseline, once there is a verify window's worth of healthy iterations.
+    /// How long the healer has followed the job, s (from its first iteration to its latest).
+    fn followed_s(&self) -> f64 {
+        self.first_end_ns
+            .map_or(0.0, |f| self.last_end_ns.saturating_sub(f) as f64 / NS)
+    }
+
+    /// The healthy baseline, once there is a verify window's worth of healthy iterations and
+    /// the healer has followed the job for `learn_s` (a slowdown in its first seconds under a
+    /// new agent is not one to act on; it may still be one to report).
     pub fn baseline(&self) -> Option<Baseline> {
-        if self.healthy.len() < self.window_iterations() {
+        if self.healthy.len() < self.window_iterations() || self.followed_s() < self.config.learn_s
+        {
             return None;
         }
         let iters: Vec<f64> = self.healthy.iter().map(|s| s.wall_ms).collect();
@@ -966,6 +994,9 @@ impl Healer {
                     a.after_iters.push(s.wall_ms);
                 }
             }
+        }
+        if self.first_end_ns.is_none() {
+            self.first_end_ns = obs.iterations.iter().map(|s| s.end_ns).min();
         }
         if let Some(last) = obs.iterations.iter().map(|s| s.end_ns).max() {
             self.last_end_ns = self.last_end_ns.max(last);
@@ -1083,6 +1114,8 @@ impl Healer {
                 let e = Event::Learning {
                     iterations: self.healthy.len(),
                     needed: self.window_iterations(),
+                    learned_s: self.followed_s(),
+                    needed_s: self.config.learn_s,
                 };
                 self.emit(now, None, e);
             }

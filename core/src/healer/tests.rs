@@ -136,6 +136,7 @@ impl Sim {
 fn config() -> HealerConfig {
     HealerConfig {
         job_cooldown_s: 2.0,
+        learn_s: 5.0,
         ..HealerConfig::default()
     }
 }
@@ -212,6 +213,36 @@ fn no_baseline_no_action() {
     sim.fault_on();
     assert!(run(&mut h, &mut sim, 5, None).is_empty());
     assert_eq!(events(&h), vec!["learning"]);
+}
+
+/// A slowdown in the job's first seconds under the healer is not acted on, though a verify
+/// window of healthy iterations is there: the baseline needs the job followed for `learn_s`.
+/// Later, the same fault is.
+#[test]
+fn a_slowdown_in_the_first_learn_s_is_not_acted_on() {
+    let cfg = HealerConfig {
+        learn_s: 15.0,
+        ..config()
+    };
+    let mut h = Healer::new(1, cfg);
+    let mut sim = Sim::new(isolation_fixes);
+    // 5 s healthy (250 iterations: six verify windows), 8 s slow, then healthy again.
+    assert!(run(&mut h, &mut sim, 5, None).is_empty());
+    assert!(h.baseline().is_none());
+    sim.fault_on();
+    assert!(run(&mut h, &mut sim, 8, None).is_empty());
+    assert!(events(&h).contains(&"learning"), "{:?}", events(&h));
+    sim.fault = 1.0;
+    sim.fault_since = None;
+    assert!(run(&mut h, &mut sim, 20, None).is_empty());
+    assert!(h.baseline().is_some());
+    sim.fault_on();
+    let d = run(&mut h, &mut sim, 60, None);
+    assert!(
+        d.iter().any(|(_, d)| matches!(d, Decision::Apply { .. })),
+        "{:?}",
+        events(&h)
+    );
 }
 
 #[test]
