@@ -500,8 +500,14 @@ fn journal_knobs_restored(setup: &Setup) -> Result<usize, String> {
         shim: Box::new(NoShimControl),
     };
     let mut checked = 0;
+    // Each knob's first prior: a later action on the same knob (a strategy escalated from mild
+    // to strong) journals the value the earlier one wrote, and the undo restores in reverse.
+    let mut seen = std::collections::BTreeSet::new();
     for l in setup.lines() {
         if let Record::Prior { change, .. } = l.record {
+            if !seen.insert(change.knob.to_string()) {
+                continue;
+            }
             match io.read(&change.knob) {
                 Ok(v) if v.same(&change.prior, &change.knob) => checked += 1,
                 Ok(v) => return Err(format!("{}: {v}, was {}", change.knob, change.prior)),
