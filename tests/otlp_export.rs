@@ -2,7 +2,8 @@
 //! tonic, HTTP/protobuf through hyper, both decoding with the OpenTelemetry protos). A python
 //! process loads the real `libslo_probe_cupti.so` (no GPU: iterations from its step markers)
 //! with a rank and a job id and slows from 20 to 45 ms steps; the agent (real binary, without
-//! eBPF so that this tier needs no root) pushes its metrics and the violation's spans.
+//! eBPF so that this tier needs no root) pushes its metrics, the violation's spans and its
+//! healer's (shadow) audit events as log records.
 //! Asserted: names, values and attributes, resources per process; and with the receiver down
 //! the agent keeps serving, its memory stays bounded, and export resumes when it returns.
 
@@ -17,6 +18,10 @@ use std::{
 
 use opentelemetry_proto::tonic::{
     collector::{
+        logs::v1::{
+            logs_service_server::{LogsService, LogsServiceServer},
+            ExportLogsServiceRequest, ExportLogsServiceResponse,
+        },
         metrics::v1::{
             metrics_service_server::{MetricsService, MetricsServiceServer},
             ExportMetricsServiceRequest, ExportMetricsServiceResponse,
@@ -27,6 +32,7 @@ use opentelemetry_proto::tonic::{
         },
     },
     common::v1::{any_value::Value, KeyValue},
+    logs::v1::LogRecord,
     metrics::v1::{metric::Data, number_data_point, Metric},
     trace::v1::Span,
 };
@@ -38,6 +44,7 @@ use slo_probe_tests::{artefact, free_addr, http_get};
 struct Received {
     metrics: Vec<ExportMetricsServiceRequest>,
     traces: Vec<ExportTraceServiceRequest>,
+    logs: Vec<ExportLogsServiceRequest>,
 }
 
 type Shared = Arc<Mutex<Received>>;
@@ -76,6 +83,23 @@ impl TraceService for GrpcTraces {
     }
 }
 
+struct GrpcLogs(Shared);
+
+#[tonic::async_trait]
+impl LogsService for GrpcLogs {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportLogsServiceRequest>,
+    ) -> Result<tonic::Response<ExportLogsServiceResponse>, tonic::Status> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .logs
+            .push(request.into_inner());
+        Ok(tonic::Response::new(ExportLogsServiceResponse::default()))
+    }
+}
+
 /// A receiver on its own runtime; dropping it stops it (the port closes).
 struct Receiver {
     rt: Option<tokio::runtime::Runtime>,
@@ -102,18 +126,23 @@ fn grpc_receiver(addr: SocketAddr, got: Shared) -> Receiver {
     let listener = rt
         .block_on(tokio::net::TcpListener::bind(addr))
         .expect("bind");
-    let (m, t) = (Grpc(got.clone()), GrpcTraces(got.clone()));
+    let (m, t, l) = (
+        Grpc(got.clone()),
+        GrpcTraces(got.clone()),
+        GrpcLogs(got.clone()),
+    );
     rt.spawn(async move {
         tonic::transport::Server::builder()
             .add_service(MetricsServiceServer::new(m))
             .add_service(TraceServiceServer::new(t))
+            .add_service(LogsServiceServer::new(l))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
             .await
     });
     Receiver { rt: Some(rt) }
 }
 
-/// OTLP/HTTP with protobuf bodies: POST /v1/metrics and /v1/traces.
+/// OTLP/HTTP with protobuf bodies: POST /v1/metrics, /v1/traces and /v1/logs.
 fn http_receiver(addr: SocketAddr, got: Shared) -> Receiver {
     use http_body_util::{BodyExt as _, Full};
     use hyper::{body::Bytes, service::service_fn, Response};
@@ -154,6 +183,13 @@ fn http_receiver(addr: SocketAddr, got: Shared) -> Receiver {
                                 Ok(r) => {
                                     got.lock().unwrap_or_else(|e| e.into_inner()).traces.push(r);
                                     Some(ExportTraceServiceResponse::default().encode_to_vec())
+                                }
+                                Err(_) => None,
+                            },
+                            "/v1/logs" => match ExportLogsServiceRequest::decode(body) {
+                                Ok(r) => {
+                                    got.lock().unwrap_or_else(|e| e.into_inner()).logs.push(r);
+                                    Some(ExportLogsServiceResponse::default().encode_to_vec())
                                 }
                                 Err(_) => None,
                             },
@@ -208,7 +244,10 @@ fn agent(dir: &Path, otlp: &str, env: &[(&str, String)]) -> (Child, SocketAddr) 
         &config,
         format!(
             "[agent]\ntick_ms = 200\n[shim]\nsocket = {socket:?}\n[gpu]\nnvml = false\n\
-             [slo]\nwindow_ms = 500\nlearn_windows = 3\nwarmup_iterations = 5\n{otlp}\n"
+             [slo]\nwindow_ms = 500\nlearn_windows = 3\nwarmup_iterations = 5\n\
+             [heal]\nmode = \"shadow\"\njournal = {:?}\njobs_dir = {:?}\n{otlp}\n",
+            dir.join("heal.jsonl"),
+            dir.join("jobs"),
         ),
     )
     .expect("config");
@@ -485,6 +524,43 @@ fn check_export(got: &Shared, pid: u32, rank: u32, job_id: &str) {
         (15.0..35.0).contains(&delta),
         "about 25 ms more per step: {delta}"
     );
+
+    // The healer (shadow) audits the violation: each event a log record on the process's
+    // resource, its sentence as the body, its fields as attributes.
+    let logs = wait_for("the healer's audit events as log records", 30, || {
+        let g = got.lock().unwrap_or_else(|e| e.into_inner());
+        let records: Vec<LogRecord> = g
+            .logs
+            .iter()
+            .flat_map(|r| &r.resource_logs)
+            .filter(|rl| {
+                rl.resource.as_ref().is_some_and(|r| {
+                    attr_str(&r.attributes, "process.pid") == Some(pid.to_string())
+                })
+            })
+            .flat_map(|rl| &rl.scope_logs)
+            .flat_map(|sl| sl.log_records.iter().cloned())
+            .collect();
+        (!records.is_empty()).then_some(records)
+    });
+    let events: Vec<String> = logs
+        .iter()
+        .filter_map(|r| attr_str(&r.attributes, "slo_probe.heal.event"))
+        .collect();
+    eprintln!("healer log records: {events:?}");
+    assert_eq!(events.len(), logs.len(), "every record names its event");
+    for r in &logs {
+        assert_eq!(
+            attr_str(&r.attributes, "process.pid"),
+            Some(pid.to_string())
+        );
+        assert!(r.time_unix_nano > 0 && r.severity_number > 0, "{r:?}");
+        let body = match r.body.as_ref().and_then(|b| b.value.as_ref()) {
+            Some(Value::StringValue(s)) => s.clone(),
+            other => panic!("body {other:?}"),
+        };
+        assert!(body.starts_with(&format!("job {pid}: ")), "{body}");
+    }
 }
 
 #[test]

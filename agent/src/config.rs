@@ -397,6 +397,8 @@ pub struct OtlpConfig {
     pub timeout_ms: u64,
     /// Send SLO violations as traces. Default true.
     pub traces: bool,
+    /// Send the healer's decisions and actions as log records. Default true.
+    pub logs: bool,
 }
 
 /// The OTLP transports `otlp.protocol` (and `OTEL_EXPORTER_OTLP_PROTOCOL`) may name.
@@ -404,7 +406,7 @@ pub struct OtlpConfig {
 pub enum OtlpProtocol {
     /// gRPC (port 4317).
     Grpc,
-    /// HTTP with protobuf bodies (port 4318, `/v1/metrics`, `/v1/traces`).
+    /// HTTP with protobuf bodies (port 4318, `/v1/metrics`, `/v1/traces`, `/v1/logs`).
     HttpProtobuf,
 }
 
@@ -428,6 +430,7 @@ impl Default for OtlpConfig {
             interval_ms: 0,
             timeout_ms: 0,
             traces: true,
+            logs: true,
         }
     }
 }

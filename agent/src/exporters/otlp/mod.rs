@@ -7,14 +7,16 @@
 //! attributes plus its pid, job, rank, GPU UUID and Kubernetes pod (read when its shim
 //! registered, carried by its snapshot), and carries that process's series (those with its
 //! `pid` label) and its traces ([`traces`]): one span per SLO violation, with a child span per
-//! attributed operator and per host cause. [`settings`] resolves the `[otlp]` section against
+//! attributed operator and per host cause; and the healer's audit events as log records
+//! ([`logs`]), on the job's resource. [`settings`] resolves the `[otlp]` section against
 //! the `OTEL_*` variables before the agent starts anything.
 //!
 //! The SDK's periodic reader and batch span processor export from their own threads; a receiver
 //! that is down costs those threads their export timeout and nothing else: metric state is
-//! cumulative (what was missed is in the next export), spans wait in a bounded queue (2048, then
-//! dropped and counted by the SDK).
+//! cumulative (what was missed is in the next export), spans and log records wait in bounded
+//! queues (2048, then dropped and counted by the SDK).
 
+mod logs;
 mod metrics;
 mod resource;
 mod settings;
@@ -30,7 +32,7 @@ use opentelemetry::KeyValue;
 use opentelemetry_otlp::{
     Protocol, RetryPolicy, WithExportConfig as _, WithHttpConfig as _, WithTonicConfig as _,
 };
-use opentelemetry_sdk::{trace::SdkTracerProvider, Resource};
+use opentelemetry_sdk::{logs::SdkLoggerProvider, trace::SdkTracerProvider, Resource};
 use slo_probe_core::snapshot::Snapshot;
 use tokio::{sync::watch, task::JoinHandle};
 
@@ -71,6 +73,13 @@ pub enum OtlpError {
     /// The SDK refused to build a metric exporter (an endpoint or header it cannot use).
     #[error("cannot build the OTLP metric exporter; check otlp.endpoint and OTEL_EXPORTER_OTLP_*")]
     MetricExporter {
+        /// What the SDK said.
+        #[source]
+        source: opentelemetry_otlp::ExporterBuildError,
+    },
+    /// The SDK refused to build a log exporter.
+    #[error("cannot build the OTLP log exporter; check otlp.endpoint and OTEL_EXPORTER_OTLP_*")]
+    LogExporter {
         /// What the SDK said.
         #[source]
         source: opentelemetry_otlp::ExporterBuildError,
@@ -144,10 +153,42 @@ fn tracer(settings: &Settings, resource: Resource) -> Result<SdkTracerProvider, 
         .build())
 }
 
+/// The healer's log records are retried as spans are: each is an audited decision.
+fn logger(settings: &Settings, resource: Resource) -> Result<SdkLoggerProvider, OtlpError> {
+    let timeout = SPAN_RETRY_WINDOW.max(settings.timeout);
+    let exporter = match settings.protocol {
+        OtlpProtocol::Grpc => configure(
+            opentelemetry_otlp::LogExporter::builder()
+                .with_tonic()
+                .with_retry_policy(span_retries()),
+            settings,
+            timeout,
+            None,
+        )
+        .build(),
+        OtlpProtocol::HttpProtobuf => configure(
+            opentelemetry_otlp::LogExporter::builder()
+                .with_http()
+                .with_protocol(Protocol::HttpBinary)
+                .with_retry_policy(span_retries()),
+            settings,
+            timeout,
+            Some("/v1/logs"),
+        )
+        .build(),
+    }
+    .map_err(|source| OtlpError::LogExporter { source })?;
+    Ok(SdkLoggerProvider::builder()
+        .with_resource(resource)
+        .with_batch_exporter(exporter)
+        .build())
+}
+
 /// A resource with its providers: the node, or one training process.
 struct Target {
     meters: Meters,
     tracer: Option<SdkTracerProvider>,
+    logger: Option<SdkLoggerProvider>,
 }
 
 impl Target {
@@ -157,9 +198,15 @@ impl Target {
         } else {
             None
         };
+        let logger = if settings.logs {
+            Some(logger(settings, resource.clone())?)
+        } else {
+            None
+        };
         Ok(Self {
             meters: Meters::new(settings, resource)?,
             tracer,
+            logger,
         })
     }
 
@@ -169,6 +216,9 @@ impl Target {
         self.meters.shutdown(timeout);
         if let Some(t) = self.tracer {
             let _ = t.shutdown_with_timeout(timeout);
+        }
+        if let Some(l) = self.logger {
+            let _ = l.shutdown_with_timeout(timeout);
         }
     }
 }
@@ -190,6 +240,7 @@ pub struct OtlpExporter {
     procs: HashMap<u32, Proc>,
     last_publish_ns: u64,
     retention_ns: u64,
+    logs_sent: logs::Sent,
 }
 
 impl OtlpExporter {
@@ -213,6 +264,7 @@ impl OtlpExporter {
             node,
             procs: HashMap::new(),
             last_publish_ns: 0,
+            logs_sent: logs::Sent::default(),
             retention_ns: u64::try_from(retention.as_nanos()).unwrap_or(u64::MAX),
         })
     }
@@ -278,6 +330,23 @@ impl OtlpExporter {
                 }
             }
         }
+        // The healers' new audit events, on their job's resource (the node's for a job the shim
+        // does not report).
+        for h in &snap.healers {
+            let events = self.logs_sent.take(h);
+            let provider = self
+                .procs
+                .get(&h.job)
+                .and_then(|p| p.target.logger.as_ref())
+                .or(self.node.logger.as_ref());
+            if let Some(provider) = provider {
+                for e in events {
+                    logs::send(provider, e, now);
+                }
+            }
+        }
+        let jobs: Vec<u32> = snap.healers.iter().map(|h| h.job).collect();
+        self.logs_sent.retain(&jobs);
         // Processes gone for longer than the retention: final export, then their providers go.
         let live: HashSet<u32> = snap.processes.iter().map(|p| p.pid).collect();
         let gone: Vec<u32> = self

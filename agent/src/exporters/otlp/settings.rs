@@ -26,6 +26,8 @@ pub struct Settings {
     pub timeout: Duration,
     /// Whether violations go out as traces.
     pub traces: bool,
+    /// Whether the healer's audit events go out as log records.
+    pub logs: bool,
 }
 
 /// The variables [`Settings::resolve`] reads, as a lookup (the process environment in the
@@ -98,6 +100,7 @@ impl Settings {
             timeout: millis(c.timeout_ms, "OTEL_EXPORTER_OTLP_TIMEOUT", false)
                 .unwrap_or(DEFAULT_TIMEOUT),
             traces: c.traces,
+            logs: c.logs,
         }))
     }
 }

@@ -17,7 +17,7 @@ pub(super) fn ready(v: &Violation) -> bool {
 }
 
 /// CLOCK_MONOTONIC ns → wall clock.
-fn wall(mono_ns: u64, now_mono_ns: u64) -> SystemTime {
+pub(super) fn wall(mono_ns: u64, now_mono_ns: u64) -> SystemTime {
     let now = SystemTime::now();
     let ago = Duration::from_nanos(now_mono_ns.saturating_sub(mono_ns));
     now.checked_sub(ago).unwrap_or(UNIX_EPOCH)
