@@ -219,7 +219,7 @@ def slo():
         "slo-probe-slo",
         "slo-probe / SLO",
         "The SLO tree of each training process (rank): state, compliance, burn rate, iteration "
-        "time, violations and the operators they were attributed to.",
+        "time, violations and the operators they were attributed to; the healer's timeline.",
     )
     d.row("Status")
     d.panel(
@@ -384,7 +384,73 @@ def slo():
         unit="s", w=12, h=9,
         custom={"drawStyle": "points", "pointSize": 4, "showPoints": "always"},
     )
+    healer(d)
     return d
+
+
+HEAL_PHASES = ["watching", "diagnosing", "acting", "verifying", "kept", "rolled_back", "cooldown"]
+HEAL_COLOURS = ["green", "yellow", "orange", "blue", "dark-green", "red", "text"]
+
+
+def healer(d):
+    """The healer's timeline (slo_probe_heal_*: per job pid, on the node's agent)."""
+    d.row("Healer")
+    phase = " or ".join(
+        f'slo_probe_heal_state{{{INST},state="{p}"}} * {i + 1}' for i, p in enumerate(HEAL_PHASES)
+    )
+    d.panel(
+        "state-timeline", "Healer phase by job",
+        "The self-healing loop of each job (heal.mode shadow or on): watching, diagnosing, "
+        "acting, verifying, kept, rolled back, cooldown. `slo-probe heal history` and the OTLP log "
+        "records have every event behind it.",
+        [(f"max by (pid) ({phase})", "job {{pid}}")],
+        w=16, h=6,
+        defaults={"mappings": [{"type": "value", "options": {
+                      str(i + 1): {"text": p, "color": c, "index": i}
+                      for i, (p, c) in enumerate(zip(HEAL_PHASES, HEAL_COLOURS))}}],
+                  "color": {"mode": "thresholds"},
+                  "thresholds": thresholds(*[(c, None if i == 0 else i + 1)
+                                             for i, c in enumerate(HEAL_COLOURS)])},
+        options={"showValue": "never", "mergeValues": True, "alignValue": "left", "rowHeight": 0.8,
+                 "legend": {"displayMode": "list", "placement": "bottom", "showLegend": False}},
+    )
+    d.panel(
+        "stat", "Healer actions in the last hour",
+        "Actions per job in the last hour, against heal.max_actions_per_hour.",
+        [(f"slo_probe_heal_actions_last_hour{{{INST}}}", "job {{pid}}")],
+        w=8, h=6,
+        options={"colorMode": "value", "graphMode": "area", "textMode": "value_and_name",
+                 "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}},
+    )
+    d.panel(
+        "timeseries", "Healer decisions by strategy and outcome",
+        "Verdicts per strategy in the range: kept, rolled_back, failed, skipped, shadow (what "
+        "shadow mode would have done). Empty until the healer has decided something.",
+        [(f"sum by (strategy, outcome) (increase(slo_probe_heal_actions_total{{{INST}}}[{RI}]))",
+          "{{strategy}} {{outcome}}")],
+        w=8, custom={"drawStyle": "bars", "fillOpacity": 60},
+    )
+    d.panel(
+        "state-timeline", "Strategies in force",
+        "Each strategy kept on a job, with its level and action id, while it is in force (until "
+        "heal.hold_s of health releases it, or an undo). Empty while nothing is in force.",
+        [(f"max by (pid, strategy, level) (slo_probe_heal_strategy_in_force{{{INST}}})",
+          "job {{pid}} {{strategy}}/{{level}}")],
+        w=8,
+        options={"showValue": "never", "mergeValues": True, "rowHeight": 0.8,
+                 "legend": {"displayMode": "list", "placement": "bottom", "showLegend": False}},
+    )
+    d.panel(
+        "timeseries", "Reward and Pareto hypervolume",
+        "The tuner's reward of the latest measured window (seed §4.3: 0.4 latency + 0.35 "
+        "throughput + 0.25 CPU headroom against the job's own baseline) and the hypervolume of "
+        "the Pareto front of the strategies measured. Reward is empty until a window is measured.",
+        [
+            (f"slo_probe_heal_reward{{{INST}}}", "job {{pid}} reward"),
+            (f"slo_probe_heal_hypervolume{{{INST}}}", "job {{pid}} hypervolume"),
+        ],
+        w=8, defaults={"min": 0},
+    )
 
 
 def gpu():
