@@ -517,6 +517,17 @@ impl Ring {
             return false;
         }
         let head = h.head.load(Ordering::Relaxed);
+        if head % 8 != 0 {
+            // Only this producer writes `head`, always a multiple of 8: another writer of the
+            // shared region corrupted it. Writing at an unaligned position could run past the
+            // data area (a padding header needs 8 bytes; found by fuzz/fuzz_targets/ring.rs):
+            // realign instead (the consumer skips what lies between as corrupt) and drop this
+            // record.
+            h.head.store((head | 7).wrapping_add(1), Ordering::Release);
+            h.dropped_records.fetch_add(1, Ordering::Relaxed);
+            h.dropped_bytes.fetch_add(len, Ordering::Relaxed);
+            return false;
+        }
         let tail = h.tail.load(Ordering::Acquire);
         let pos = head & (self.capacity - 1);
         let to_end = self.capacity - pos;
@@ -537,13 +548,15 @@ impl Ring {
                     len: to_end as u32,
                 };
                 ptr::write_unaligned(self.data.add(pos as usize).cast::<RecordHeader>(), pad);
-                head += to_end;
+                head = head.wrapping_add(to_end);
             }
             let at = self.data.add((head & (self.capacity - 1)) as usize);
             ptr::copy_nonoverlapping(record.as_ptr(), at, record.len());
             ptr::write_bytes(at.add(record.len()), 0, len as usize - record.len());
         }
-        h.head.store(head + len, Ordering::Release);
+        // Positions are free-running counters: wrapping, as a hostile start near u64::MAX
+        // would make plain addition overflow (found by fuzz/fuzz_targets/ring.rs).
+        h.head.store(head.wrapping_add(len), Ordering::Release);
         h.records.fetch_add(1, Ordering::Relaxed);
         true
     }
@@ -555,14 +568,16 @@ impl Ring {
         let head = h.head.load(Ordering::Acquire);
         let mut tail = h.tail.load(Ordering::Relaxed);
         let mut n = 0;
-        // A producer cannot be more than a capacity ahead; anything else is corruption.
-        if head.wrapping_sub(tail) > self.capacity {
+        // A producer cannot be more than a capacity ahead, and both positions are multiples of
+        // 8 (records are); anything else is corruption (reading a record header at an unaligned
+        // position could run past the data area).
+        if head.wrapping_sub(tail) > self.capacity || tail % 8 != 0 {
             h.corrupt_bytes
                 .fetch_add(head.wrapping_sub(tail), Ordering::Relaxed);
             h.tail.store(head, Ordering::Release);
             return 0;
         }
-        while tail < head {
+        while tail != head {
             let pos = (tail & (self.capacity - 1)) as usize;
             let to_end = self.capacity as usize - pos;
             let mut hb = [0u8; 8];
@@ -574,10 +589,11 @@ impl Ring {
             let valid = len >= 8
                 && len % 8 == 0
                 && len <= to_end
-                && (len as u64) <= head - tail
+                && (len as u64) <= head.wrapping_sub(tail)
                 && (kind == 0 || len <= buf.len());
             if !valid {
-                h.corrupt_bytes.fetch_add(head - tail, Ordering::Relaxed);
+                h.corrupt_bytes
+                    .fetch_add(head.wrapping_sub(tail), Ordering::Relaxed);
                 tail = head;
                 break;
             }
@@ -587,7 +603,7 @@ impl Ring {
                 f(&buf[..len]);
                 n += 1;
             }
-            tail += len as u64;
+            tail = tail.wrapping_add(len as u64);
         }
         h.tail.store(tail, Ordering::Release);
         n
@@ -675,6 +691,56 @@ mod tests {
         // The ring keeps working.
         assert!(p.push(step(2).as_bytes()));
         assert_eq!(c.drain(&mut buf, |_| {}), 1);
+    }
+
+    #[test]
+    fn unaligned_positions_are_corruption_not_an_overflow() {
+        let mut mem = region(RING_HEADER_LEN + 256);
+        let base = mem.as_mut_ptr().cast::<u8>();
+        // SAFETY: the Vec outlives both views.
+        let p = unsafe { Ring::init(base, mem.len() * 8, 7) }.expect("init");
+        // SAFETY: as above.
+        let c = unsafe { Ring::open(base, mem.len() * 8) }.expect("open");
+        // A hostile writer leaves both positions 3 bytes before the end of the data area.
+        p.header().head.store(253, Ordering::Relaxed);
+        p.header().tail.store(253, Ordering::Relaxed);
+        assert!(
+            !p.push(step(1).as_bytes()),
+            "no write at an unaligned position"
+        );
+        assert_eq!(p.header().dropped_records.load(Ordering::Relaxed), 1);
+        assert_eq!(p.header().head.load(Ordering::Relaxed), 256);
+        let mut buf = vec![0u8; 1024];
+        assert_eq!(c.drain(&mut buf, |_| panic!("nothing to hand over")), 0);
+        assert_eq!(c.header().tail.load(Ordering::Relaxed), 256);
+        // Both sides aligned again: the ring works.
+        assert!(p.push(step(2).as_bytes()));
+        assert_eq!(c.drain(&mut buf, |_| {}), 1);
+    }
+
+    #[test]
+    fn positions_wrap_past_u64_max() {
+        let mut mem = region(RING_HEADER_LEN + 256);
+        let base = mem.as_mut_ptr().cast::<u8>();
+        // SAFETY: the Vec outlives both views.
+        let p = unsafe { Ring::init(base, mem.len() * 8, 7) }.expect("init");
+        // SAFETY: as above.
+        let c = unsafe { Ring::open(base, mem.len() * 8) }.expect("open");
+        let start = u64::MAX - 7; // 8 bytes before the counters wrap
+        p.header().head.store(start, Ordering::Relaxed);
+        p.header().tail.store(start, Ordering::Relaxed);
+        let mut buf = vec![0u8; 1024];
+        let mut seen = Vec::new();
+        for i in 0..20u64 {
+            assert!(p.push(step(i).as_bytes()), "push {i}");
+            c.drain(&mut buf, |r| {
+                if let Ok((AnyRecord::Step(s), _)) = decode(r) {
+                    seen.push(s.step);
+                }
+            });
+        }
+        assert_eq!(seen, (0..20).collect::<Vec<_>>());
+        assert_eq!(c.header().corrupt_bytes.load(Ordering::Relaxed), 0);
     }
 
     #[test]

@@ -52,8 +52,12 @@ fuzz_target!(|data: &[u8]| {
     let h = ring.header();
     assert_eq!(h.tail.load(Ordering::Relaxed), h.head.load(Ordering::Relaxed));
 
-    // The producer after a hostile consumer state: what it commits comes back intact.
-    let record = [0x11u8; 24];
+    // The producer after a hostile consumer state: what it commits comes back intact. A framed
+    // record (kind 1, its own length in the header), as a shim writes one: the drain checks the
+    // length field against what the producer committed.
+    let mut record = [0x11u8; 24];
+    record[..2].copy_from_slice(&1u16.to_ne_bytes());
+    record[4..8].copy_from_slice(&24u32.to_ne_bytes());
     let mut pushed = 0;
     while pushed < 4 && ring.push(&record) {
         pushed += 1;
