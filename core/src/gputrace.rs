@@ -1264,7 +1264,9 @@ impl TraceAssembler {
                 .find(|s| s.0 == a.device || s.0 == u32::MAX)
             {
                 slot.0 = a.device;
-                slot.1 += d;
+                // Saturating: hostile or corrupt records may claim any duration (found by
+                // fuzz/fuzz_targets/replay.rs; overflow panicked in debug builds).
+                slot.1 = slot.1.saturating_add(d);
             }
             if a.kind == ActivityKind::Event || a.end_ns <= a.start_ns {
                 continue;
@@ -1276,7 +1278,7 @@ impl TraceAssembler {
                 wait,
                 launch_latency,
             } = self.timeline.place(a);
-            busy += critical;
+            busy = busy.saturating_add(critical);
             let (late, wait) = if first.is_none() {
                 // The idle time before the iteration's first activity is the iteration's own
                 // (data loading, the host between steps), not its operator's.
@@ -1288,8 +1290,8 @@ impl TraceAssembler {
                 first = Some((idle, free.unwrap_or(b)));
                 (0, 0)
             } else {
-                gaps += late;
-                waits += wait;
+                gaps = gaps.saturating_add(late);
+                waits = waits.saturating_add(wait);
                 (late, wait)
             };
             let i = self.op_index(a) as usize;
@@ -1300,42 +1302,43 @@ impl TraceAssembler {
             if acc.count == 0 {
                 touched.push(i as u32);
             }
-            acc.gpu_ns += d;
-            acc.critical_ns += critical;
+            acc.gpu_ns = acc.gpu_ns.saturating_add(d);
+            acc.critical_ns = acc.critical_ns.saturating_add(critical);
             acc.count += 1;
-            acc.gap_ns += late;
-            acc.wait_ns += wait;
-            acc.bytes += a.bytes;
+            acc.gap_ns = acc.gap_ns.saturating_add(late);
+            acc.wait_ns = acc.wait_ns.saturating_add(wait);
+            acc.bytes = acc.bytes.saturating_add(a.bytes);
             if let Some(o) = a.occupancy {
                 acc.occ_weighted += f64::from(o) * d as f64;
-                acc.occ_ns += d;
+                acc.occ_ns = acc.occ_ns.saturating_add(d);
             }
             if let Some(l) = launch_latency.filter(|_| a.kind != ActivityKind::GraphKernel) {
                 lat.push(l);
-                acc.launch_sum += l;
+                acc.launch_sum = acc.launch_sum.saturating_add(l);
                 acc.launch_count += 1;
             }
             match a.kind {
                 ActivityKind::Kernel | ActivityKind::GraphKernel => {
                     kernels += 1;
-                    graph_nodes += u32::from(a.kind == ActivityKind::GraphKernel);
+                    graph_nodes =
+                        graph_nodes.saturating_add(u32::from(a.kind == ActivityKind::GraphKernel));
                     if self.table.info[i].1 == OpKind::Communication {
-                        comm_ns += d;
+                        comm_ns = comm_ns.saturating_add(d);
                         comm_kernels += 1;
                         comm_iv.push((a.start_ns, a.end_ns));
                     } else {
-                        compute_ns += d;
+                        compute_ns = compute_ns.saturating_add(d);
                         compute_iv.push((a.start_ns, a.end_ns));
                     }
                 }
                 ActivityKind::Graph => {
                     graph_launches += 1;
-                    compute_ns += d;
+                    compute_ns = compute_ns.saturating_add(d);
                     compute_iv.push((a.start_ns, a.end_ns));
                 }
                 ActivityKind::Memory => {
                     memory_ops += 1;
-                    memory_ns += d;
+                    memory_ns = memory_ns.saturating_add(d);
                 }
                 ActivityKind::Event => {}
             }
