@@ -196,6 +196,20 @@ class Dashboard:
         }
 
 
+# A stat or gauge panel's value: the latest one.
+LAST_VALUE = {"calcs": ["lastNotNull"], "fields": "", "values": False}
+
+
+def timeline_options(align=None):
+    """A state timeline's options: no values drawn, equal values merged, no legend."""
+    out = {"showValue": "never", "mergeValues": True}
+    if align:
+        out["alignValue"] = align
+    out["rowHeight"] = 0.8
+    out["legend"] = {"displayMode": "list", "placement": "bottom", "showLegend": False}
+    return out
+
+
 def thresholds(*steps):
     return {"mode": "absolute", "steps": [{"color": c, "value": v} for c, v in steps]}
 
@@ -231,7 +245,7 @@ def slo():
         defaults={"min": 0, "max": 1, "decimals": 1,
                   "thresholds": thresholds(("red", None), ("orange", 0.95), ("green", 0.99))},
         options={"colorMode": "background", "graphMode": "area", "textMode": "value_and_name",
-                 "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}},
+                 "reduceOptions": LAST_VALUE},
     )
     d.panel(
         "stat", "Open violations",
@@ -240,7 +254,7 @@ def slo():
         w=6, h=6,
         defaults={"thresholds": thresholds(("green", None), ("red", 1))},
         options={"colorMode": "background", "graphMode": "none", "textMode": "value_and_name",
-                 "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}},
+                 "reduceOptions": LAST_VALUE},
     )
     d.panel(
         "bargauge", "Violations opened in the time range",
@@ -250,7 +264,7 @@ def slo():
         w=12, h=6, instant=True,
         defaults={"min": 0, "decimals": 0, "thresholds": thresholds(("green", None), ("red", 0.5))},
         options={"displayMode": "basic", "orientation": "horizontal", "showUnfilled": True,
-                 "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}},
+                 "reduceOptions": LAST_VALUE},
     )
     d.panel(
         "state-timeline", "SLO state by node",
@@ -268,8 +282,7 @@ def slo():
         defaults={"mappings": STATE_MAPPING, "color": {"mode": "thresholds"},
                   "thresholds": thresholds(("text", None), ("green", 1), ("yellow", 2),
                                            ("orange", 3), ("red", 4))},
-        options={"showValue": "never", "mergeValues": True, "alignValue": "left", "rowHeight": 0.8,
-                 "legend": {"displayMode": "list", "placement": "bottom", "showLegend": False}},
+        options=timeline_options(align="left"),
     )
     d.panel(
         "table", "SLO tree (last judged window)",
@@ -411,8 +424,7 @@ def healer(d):
                   "color": {"mode": "thresholds"},
                   "thresholds": thresholds(*[(c, None if i == 0 else i + 1)
                                              for i, c in enumerate(HEAL_COLOURS)])},
-        options={"showValue": "never", "mergeValues": True, "alignValue": "left", "rowHeight": 0.8,
-                 "legend": {"displayMode": "list", "placement": "bottom", "showLegend": False}},
+        options=timeline_options(align="left"),
     )
     d.panel(
         "stat", "Healer actions in the last hour",
@@ -420,7 +432,7 @@ def healer(d):
         [(f"slo_probe_heal_actions_last_hour{{{INST}}}", "job {{pid}}")],
         w=8, h=6,
         options={"colorMode": "value", "graphMode": "area", "textMode": "value_and_name",
-                 "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}},
+                 "reduceOptions": LAST_VALUE},
     )
     d.panel(
         "timeseries", "Healer decisions by strategy and outcome",
@@ -437,8 +449,7 @@ def healer(d):
         [(f"max by (pid, strategy, level) (slo_probe_heal_strategy_in_force{{{INST}}})",
           "job {{pid}} {{strategy}}/{{level}}")],
         w=8,
-        options={"showValue": "never", "mergeValues": True, "rowHeight": 0.8,
-                 "legend": {"displayMode": "list", "placement": "bottom", "showLegend": False}},
+        options=timeline_options(),
     )
     d.panel(
         "timeseries", "Reward and Pareto hypervolume",

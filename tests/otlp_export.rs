@@ -34,6 +34,7 @@ use opentelemetry_proto::tonic::{
     common::v1::{any_value::Value, KeyValue},
     logs::v1::LogRecord,
     metrics::v1::{metric::Data, number_data_point, Metric},
+    resource::v1::Resource,
     trace::v1::Span,
 };
 use prost::Message as _;
@@ -319,6 +320,11 @@ fn attr_str(attrs: &[KeyValue], key: &str) -> Option<String> {
     }
 }
 
+/// Whether `resource` is the process `pid`'s.
+fn of_process(resource: Option<&Resource>, pid: u32) -> bool {
+    resource.is_some_and(|r| attr_str(&r.attributes, "process.pid") == Some(pid.to_string()))
+}
+
 /// The latest metric of a name per resource, with its resource's attributes.
 fn metrics_named<'a>(got: &'a Received, name: &str) -> Vec<(&'a [KeyValue], &'a Metric)> {
     let mut out = Vec::new();
@@ -461,11 +467,7 @@ fn check_export(got: &Shared, pid: u32, rank: u32, job_id: &str) {
             .traces
             .iter()
             .flat_map(|t| &t.resource_spans)
-            .filter(|rs| {
-                rs.resource.as_ref().is_some_and(|r| {
-                    attr_str(&r.attributes, "process.pid") == Some(pid.to_string())
-                })
-            })
+            .filter(|rs| of_process(rs.resource.as_ref(), pid))
             .flat_map(|rs| &rs.scope_spans)
             .flat_map(|ss| ss.spans.iter().cloned())
             .collect();
@@ -533,11 +535,7 @@ fn check_export(got: &Shared, pid: u32, rank: u32, job_id: &str) {
             .logs
             .iter()
             .flat_map(|r| &r.resource_logs)
-            .filter(|rl| {
-                rl.resource.as_ref().is_some_and(|r| {
-                    attr_str(&r.attributes, "process.pid") == Some(pid.to_string())
-                })
-            })
+            .filter(|rl| of_process(rl.resource.as_ref(), pid))
             .flat_map(|rl| &rl.scope_logs)
             .flat_map(|sl| sl.log_records.iter().cloned())
             .collect();

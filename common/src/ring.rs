@@ -622,6 +622,17 @@ mod tests {
         vec![0u64; len / 8]
     }
 
+    /// A fresh ring over `mem` (pid 7): the producer's view and the consumer's. `mem` must
+    /// outlive both.
+    fn producer_and_consumer(mem: &mut [u64]) -> (Ring, Ring) {
+        let (base, len) = (mem.as_mut_ptr().cast::<u8>(), mem.len() * 8);
+        // SAFETY: `len` bytes at `base`, 8-aligned; the caller keeps `mem` alive.
+        let p = unsafe { Ring::init(base, len, 7) }.expect("init");
+        // SAFETY: as above.
+        let c = unsafe { Ring::open(base, len) }.expect("open");
+        (p, c)
+    }
+
     fn step(i: u64) -> StepRecord {
         StepRecord {
             header: RecordHeader::of::<StepRecord>(),
@@ -675,13 +686,10 @@ mod tests {
     #[test]
     fn corrupt_lengths_are_skipped_not_followed() {
         let mut mem = region(RING_HEADER_LEN + 256);
-        let base = mem.as_mut_ptr().cast::<u8>();
-        // SAFETY: the Vec outlives both views.
-        let p = unsafe { Ring::init(base, mem.len() * 8, 7) }.expect("init");
-        // SAFETY: as above.
-        let c = unsafe { Ring::open(base, mem.len() * 8) }.expect("open");
+        let (p, c) = producer_and_consumer(&mut mem);
         assert!(p.push(step(1).as_bytes()));
         // Scribble a huge length over the committed record, as a buggy process could.
+        let base = mem.as_mut_ptr().cast::<u8>();
         // SAFETY: inside the region.
         unsafe { ptr::write_unaligned(base.add(RING_HEADER_LEN + 4).cast::<u32>(), 0xffff_fff8) };
         let mut buf = vec![0u8; 1024];
@@ -696,11 +704,7 @@ mod tests {
     #[test]
     fn unaligned_positions_are_corruption_not_an_overflow() {
         let mut mem = region(RING_HEADER_LEN + 256);
-        let base = mem.as_mut_ptr().cast::<u8>();
-        // SAFETY: the Vec outlives both views.
-        let p = unsafe { Ring::init(base, mem.len() * 8, 7) }.expect("init");
-        // SAFETY: as above.
-        let c = unsafe { Ring::open(base, mem.len() * 8) }.expect("open");
+        let (p, c) = producer_and_consumer(&mut mem);
         // A hostile writer leaves both positions 3 bytes before the end of the data area.
         p.header().head.store(253, Ordering::Relaxed);
         p.header().tail.store(253, Ordering::Relaxed);
@@ -721,11 +725,7 @@ mod tests {
     #[test]
     fn positions_wrap_past_u64_max() {
         let mut mem = region(RING_HEADER_LEN + 256);
-        let base = mem.as_mut_ptr().cast::<u8>();
-        // SAFETY: the Vec outlives both views.
-        let p = unsafe { Ring::init(base, mem.len() * 8, 7) }.expect("init");
-        // SAFETY: as above.
-        let c = unsafe { Ring::open(base, mem.len() * 8) }.expect("open");
+        let (p, c) = producer_and_consumer(&mut mem);
         let start = u64::MAX - 7; // 8 bytes before the counters wrap
         p.header().head.store(start, Ordering::Relaxed);
         p.header().tail.store(start, Ordering::Relaxed);

@@ -1320,8 +1320,7 @@ impl TraceAssembler {
             match a.kind {
                 ActivityKind::Kernel | ActivityKind::GraphKernel => {
                     kernels += 1;
-                    graph_nodes =
-                        graph_nodes.saturating_add(u32::from(a.kind == ActivityKind::GraphKernel));
+                    graph_nodes += u32::from(a.kind == ActivityKind::GraphKernel);
                     if self.table.info[i].1 == OpKind::Communication {
                         comm_ns = comm_ns.saturating_add(d);
                         comm_kernels += 1;

@@ -427,7 +427,7 @@ fn cpuset_cpus(dir: &std::path::Path) -> Option<BTreeSet<u32>> {
 impl NumaPinning {
     /// The local CPUs of the job: its GPU's (NVML), else the NUMA node of its main thread's
     /// CPU, else all online CPUs; within what the job may use (its main thread's cpuset).
-    pub(crate) fn local_cpus(job: &JobTarget) -> Vec<u32> {
+    pub(crate) fn local_cpus(job: &JobTarget, h: &Hierarchies) -> Vec<u32> {
         let online = host::online_cpus();
         let allowed: BTreeSet<u32> = std::fs::read_to_string(format!("/proc/{}/status", job.pid))
             .ok()
@@ -444,7 +444,6 @@ impl NumaPinning {
         let cpuset: BTreeSet<u32> = std::fs::read_to_string(format!("/proc/{}/cpuset", job.pid))
             .ok()
             .and_then(|rel| {
-                let h = Hierarchies::detect();
                 let (dir, _) = h.dir(rel.trim(), Controller::Cpuset)?;
                 cpuset_cpus(&dir)
             })
@@ -468,9 +467,7 @@ impl NumaPinning {
         };
         local.into_iter().filter(|c| cpuset.contains(c)).collect()
     }
-}
 
-impl NumaPinning {
     /// Why `n` local CPUs are too few to separate main from contention. With two, main alone on
     /// one leaves every other thread of the job (loaders, workers) on the contended one: the
     /// slowdown moves instead of going (CI's 2-core VM, 2026-12-01: kept at +8% and +15% over
@@ -491,12 +488,12 @@ impl Actuator for NumaPinning {
         Strategy::NumaPinning
     }
 
-    fn plan(&self, job: &JobTarget, params: &Params, _: &Env<'_>, io: &mut dyn KnobIo) -> Plan {
+    fn plan(&self, job: &JobTarget, params: &Params, env: &Env<'_>, io: &mut dyn KnobIo) -> Plan {
         let mut plan = Plan::default();
         let Params::Pinning { exclusive_main } = params else {
             return plan;
         };
-        let mut cpus = Self::local_cpus(job);
+        let mut cpus = Self::local_cpus(job, env.cgroups);
         if let Some(why) = Self::too_few(cpus.len()) {
             plan.notes.push(why);
             return plan;

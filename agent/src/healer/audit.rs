@@ -48,11 +48,11 @@ pub fn body(e: &AuditEvent) -> String {
         Event::Learning {
             iterations,
             needed,
-            learned_s,
+            followed_s,
             needed_s,
         } => format!(
             "job {job}: violation open but no healthy baseline yet ({iterations} of {needed} \
-             iterations, followed {learned_s:.1} of {needed_s:.0} s)"
+             iterations, followed {followed_s:.1} of {needed_s:.0} s)"
         ),
         Event::Diagnosed {
             node, host, detail, ..

@@ -255,9 +255,9 @@ impl HealerLoop {
                 Strategy::NumaPinning,
                 "fewer than two threads of the job are known (eBPF probes down?)".to_owned(),
             );
-        } else if let Some(why) =
-            actuators::NumaPinning::too_few(actuators::NumaPinning::local_cpus(t).len())
-        {
+        } else if let Some(why) = actuators::NumaPinning::too_few(
+            actuators::NumaPinning::local_cpus(t, &self.cgroups).len(),
+        ) {
             out.insert(Strategy::NumaPinning, why);
         } else if self.managers.kubelet_static
             && t.cgroups.iter().any(|c| c.path.contains("kubepods"))

@@ -450,7 +450,7 @@ pub enum Event {
         needed: usize,
         /// Seconds the healer has followed the job so far.
         #[serde(default)]
-        learned_s: f64,
+        followed_s: f64,
         /// Needed (`learn_s`).
         #[serde(default)]
         needed_s: f64,
@@ -1114,7 +1114,7 @@ impl Healer {
                 let e = Event::Learning {
                     iterations: self.healthy.len(),
                     needed: self.window_iterations(),
-                    learned_s: self.followed_s(),
+                    followed_s: self.followed_s(),
                     needed_s: self.config.learn_s,
                 };
                 self.emit(now, None, e);

@@ -123,30 +123,39 @@ fn span_retries() -> RetryPolicy {
         .with_max_delay(Duration::from_secs(10))
 }
 
+/// A span or log exporter (`$builder`: `SpanExporter`, `LogExporter`) over the configured
+/// transport, retried for [`SPAN_RETRY_WINDOW`]; over HTTP to `$path`.
+macro_rules! retried_exporter {
+    ($builder:ident, $settings:expr, $path:literal) => {{
+        let settings: &Settings = $settings;
+        let timeout = SPAN_RETRY_WINDOW.max(settings.timeout);
+        match settings.protocol {
+            OtlpProtocol::Grpc => configure(
+                opentelemetry_otlp::$builder::builder()
+                    .with_tonic()
+                    .with_retry_policy(span_retries()),
+                settings,
+                timeout,
+                None,
+            )
+            .build(),
+            OtlpProtocol::HttpProtobuf => configure(
+                opentelemetry_otlp::$builder::builder()
+                    .with_http()
+                    .with_protocol(Protocol::HttpBinary)
+                    .with_retry_policy(span_retries()),
+                settings,
+                timeout,
+                Some($path),
+            )
+            .build(),
+        }
+    }};
+}
+
 fn tracer(settings: &Settings, resource: Resource) -> Result<SdkTracerProvider, OtlpError> {
-    let timeout = SPAN_RETRY_WINDOW.max(settings.timeout);
-    let exporter = match settings.protocol {
-        OtlpProtocol::Grpc => configure(
-            opentelemetry_otlp::SpanExporter::builder()
-                .with_tonic()
-                .with_retry_policy(span_retries()),
-            settings,
-            timeout,
-            None,
-        )
-        .build(),
-        OtlpProtocol::HttpProtobuf => configure(
-            opentelemetry_otlp::SpanExporter::builder()
-                .with_http()
-                .with_protocol(Protocol::HttpBinary)
-                .with_retry_policy(span_retries()),
-            settings,
-            timeout,
-            Some("/v1/traces"),
-        )
-        .build(),
-    }
-    .map_err(|source| OtlpError::SpanExporter { source })?;
+    let exporter = retried_exporter!(SpanExporter, settings, "/v1/traces")
+        .map_err(|source| OtlpError::SpanExporter { source })?;
     Ok(SdkTracerProvider::builder()
         .with_resource(resource)
         .with_batch_exporter(exporter)
@@ -155,29 +164,8 @@ fn tracer(settings: &Settings, resource: Resource) -> Result<SdkTracerProvider, 
 
 /// The healer's log records are retried as spans are: each is an audited decision.
 fn logger(settings: &Settings, resource: Resource) -> Result<SdkLoggerProvider, OtlpError> {
-    let timeout = SPAN_RETRY_WINDOW.max(settings.timeout);
-    let exporter = match settings.protocol {
-        OtlpProtocol::Grpc => configure(
-            opentelemetry_otlp::LogExporter::builder()
-                .with_tonic()
-                .with_retry_policy(span_retries()),
-            settings,
-            timeout,
-            None,
-        )
-        .build(),
-        OtlpProtocol::HttpProtobuf => configure(
-            opentelemetry_otlp::LogExporter::builder()
-                .with_http()
-                .with_protocol(Protocol::HttpBinary)
-                .with_retry_policy(span_retries()),
-            settings,
-            timeout,
-            Some("/v1/logs"),
-        )
-        .build(),
-    }
-    .map_err(|source| OtlpError::LogExporter { source })?;
+    let exporter = retried_exporter!(LogExporter, settings, "/v1/logs")
+        .map_err(|source| OtlpError::LogExporter { source })?;
     Ok(SdkLoggerProvider::builder()
         .with_resource(resource)
         .with_batch_exporter(exporter)
