@@ -114,18 +114,21 @@ pub(crate) struct BufferCfg {
 
 impl BufferCfg {
     fn from_env() -> Self {
-        let kib = |k: &str, d: usize| {
-            std::env::var(k)
-                .ok()
+        Self::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// From the variables `var` returns: sizes in KiB (4 KiB to 64 MiB), in bytes here.
+    fn from_vars(var: impl Fn(&str) -> Option<String>) -> Self {
+        let bytes = |k: &str, default: usize| {
+            var(k)
                 .and_then(|v| v.parse::<usize>().ok())
-                .map_or(d, |v| (v.clamp(4, 64 << 10)) << 10)
+                .map_or(default, |kib| kib.clamp(4, 64 << 10) << 10)
         };
-        let on = |k: &str| std::env::var(k).map_or(true, |v| v != "0");
         Self {
-            large: kib("SLO_PROBE_BUFFER_KIB", BUFFER_BYTES >> 10),
-            small: kib("SLO_PROBE_SMALL_BUFFER_KIB", SMALL_BUFFER_BYTES >> 10),
-            reuse: on("SLO_PROBE_BUFFER_REUSE"),
-            forced_flush: std::env::var("SLO_PROBE_FORCED_FLUSH").is_ok_and(|v| v == "1"),
+            large: bytes("SLO_PROBE_BUFFER_KIB", BUFFER_BYTES),
+            small: bytes("SLO_PROBE_SMALL_BUFFER_KIB", SMALL_BUFFER_BYTES),
+            reuse: var("SLO_PROBE_BUFFER_REUSE").is_none_or(|v| v != "0"),
+            forced_flush: var("SLO_PROBE_FORCED_FLUSH").is_some_and(|v| v == "1"),
         }
     }
 }
@@ -1362,4 +1365,36 @@ pub extern "C" fn slo_probe_flush() {
             s.drain_queue(&mut w);
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_buffers_are_kib_sized_not_kib_counts() {
+        // The defaults once came back as 64 and 16 *bytes*: on the H200 every buffer then held
+        // no record and CUPTI dropped one per buffer (590,206 buffers, 0 kernel records).
+        let cfg = BufferCfg::from_vars(|_| None);
+        assert_eq!(cfg.large, 64 << 10);
+        assert_eq!(cfg.small, 16 << 10);
+        assert!(cfg.reuse && !cfg.forced_flush);
+    }
+
+    #[test]
+    fn buffer_sizes_from_the_environment_are_in_kib_and_clamped() {
+        let vars = |k: &str| match k {
+            "SLO_PROBE_BUFFER_KIB" => Some("8192".to_string()),
+            "SLO_PROBE_SMALL_BUFFER_KIB" => Some("1".to_string()),
+            "SLO_PROBE_BUFFER_REUSE" => Some("0".to_string()),
+            "SLO_PROBE_FORCED_FLUSH" => Some("1".to_string()),
+            _ => None,
+        };
+        let cfg = BufferCfg::from_vars(vars);
+        assert_eq!(cfg.large, 8 << 20);
+        assert_eq!(cfg.small, 4 << 10);
+        assert!(!cfg.reuse && cfg.forced_flush);
+        let junk = BufferCfg::from_vars(|_| Some("lots".to_string()));
+        assert_eq!(junk.large, BUFFER_BYTES);
+    }
 }
