@@ -45,6 +45,8 @@ macro_rules! api {
                 /// The C function of the same name.
                 pub $name: unsafe extern "C" fn($($arg),*) -> $ret,
             )*
+            /// Functions the shim can do without.
+            pub optional: Optional,
         }
 
         impl Cupti {
@@ -67,10 +69,46 @@ macro_rules! api {
                             unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($arg),*) -> $ret>(p) }
                         },
                     )*
+                    // SAFETY: as above.
+                    optional: unsafe { Optional::resolve(handle) },
                 })
             }
         }
     };
+}
+
+/// `cuptiActivityFlushPeriod(uint32_t ms)`.
+pub type FlushPeriodFn = unsafe extern "C" fn(u32) -> CuptiResult;
+/// `cuptiActivitySetAttribute(CUpti_ActivityAttribute, size_t *size, void *value)`.
+pub type SetAttributeFn = unsafe extern "C" fn(u32, *mut usize, *mut c_void) -> CuptiResult;
+
+/// CUPTI functions the shim uses where the library has them and does without otherwise.
+#[derive(Default)]
+pub struct Optional {
+    /// How often CUPTI's own worker thread flushes (returns full, completed buffers).
+    pub flush_period: Option<FlushPeriodFn>,
+    /// Activity attributes (the device buffer's size).
+    pub set_attribute: Option<SetAttributeFn>,
+}
+
+impl Optional {
+    /// # Safety
+    /// `handle` must be a live `dlopen` handle of libcupti 13.
+    unsafe fn resolve(handle: *mut c_void) -> Self {
+        let find = |sym: &std::ffi::CStr| {
+            // SAFETY: a NUL-terminated name and a live handle.
+            let p = unsafe { libc::dlsym(handle, sym.as_ptr()) };
+            (!p.is_null()).then_some(p)
+        };
+        Self {
+            // SAFETY: the symbols are the C functions with these signatures (CUPTI 13 headers).
+            flush_period: find(c"cuptiActivityFlushPeriod")
+                .map(|p| unsafe { std::mem::transmute::<*mut c_void, FlushPeriodFn>(p) }),
+            // SAFETY: as above.
+            set_attribute: find(c"cuptiActivitySetAttribute")
+                .map(|p| unsafe { std::mem::transmute::<*mut c_void, SetAttributeFn>(p) }),
+        }
+    }
 }
 
 api! {

@@ -499,6 +499,7 @@ mod tests {
             cuptiActivityGetNumDroppedRecords: dropped,
             cuptiGetGraphNodeId: node_id,
             cuptiGetGraphId: graph_id,
+            optional: crate::api::Optional::default(),
         }
     }
 

@@ -102,6 +102,14 @@ const BUFFER_BYTES: usize = 64 << 10;
 const SMALL_BUFFER_BYTES: usize = 16 << 10;
 /// Buffers kept for reuse, of each size.
 const BUFFER_POOL: usize = 8;
+/// How often CUPTI's worker thread flushes, in ms (`cuptiActivityFlushPeriod`). Without it,
+/// on the H200 (CUDA 13.0) no kernel buffer came back while the job ran, however small the
+/// buffers and however often the shim's own default flush ran (gpt eager, 2026-12-01: 5
+/// buffers completed in 155 s, 47,062 records of one 40 s cut all at the exit flush). A
+/// continuous CUPTI profiler (parcagpu) sets a period too.
+const FLUSH_PERIOD_MS: u32 = 250;
+/// `CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE`.
+const ATTR_DEVICE_BUFFER_SIZE: u32 = 0;
 
 /// How activity buffers are sized, reused and flushed (see [`Shim::buffers_cfg`]).
 #[derive(Clone, Copy, Debug)]
@@ -110,6 +118,10 @@ pub(crate) struct BufferCfg {
     pub small: usize,
     pub reuse: bool,
     pub forced_flush: bool,
+    /// `cuptiActivityFlushPeriod`, ms; 0 leaves CUPTI's heuristics.
+    pub flush_period_ms: u32,
+    /// `CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE` in bytes where set; else CUPTI's default.
+    pub device_buffer: Option<usize>,
 }
 
 impl BufferCfg {
@@ -129,6 +141,12 @@ impl BufferCfg {
             small: bytes("SLO_PROBE_SMALL_BUFFER_KIB", SMALL_BUFFER_BYTES),
             reuse: var("SLO_PROBE_BUFFER_REUSE").is_none_or(|v| v != "0"),
             forced_flush: var("SLO_PROBE_FORCED_FLUSH").is_some_and(|v| v == "1"),
+            flush_period_ms: var("SLO_PROBE_FLUSH_PERIOD_MS")
+                .and_then(|v| v.parse::<u32>().ok())
+                .map_or(FLUSH_PERIOD_MS, |ms| ms.min(60_000)),
+            device_buffer: var("SLO_PROBE_DEVICE_BUFFER_KIB")
+                .and_then(|v| v.parse::<usize>().ok())
+                .map(|kib| kib.clamp(64, 1 << 20) << 10),
         }
     }
 }
@@ -539,6 +557,7 @@ impl Shim {
                     (api.cuptiEnableCallback)(1, sub, DOMAIN_RESOURCE, cbid);
                 }
             }
+            self.set_delivery(api);
             let r = (api.cuptiActivityRegisterCallbacks)(buffer_requested, buffer_completed);
             api.check(r, || "cuptiActivityRegisterCallbacks".into())?;
             let mut kinds = vec![activity::KIND_GRAPH_TRACE];
@@ -565,6 +584,50 @@ impl Shim {
         self.publish(c);
         wake_flusher();
         Ok(())
+    }
+
+    /// How CUPTI hands buffers back: its worker's flush period and the device buffer size,
+    /// before any activity is enabled. Neither is needed to trace; a failure is said once.
+    fn set_delivery(&self, api: &Cupti) {
+        let cfg = self.buffers_cfg;
+        if cfg.flush_period_ms > 0 {
+            match api.optional.flush_period {
+                // SAFETY: a plain CUPTI call.
+                Some(f) => {
+                    let r = unsafe { f(cfg.flush_period_ms) };
+                    if r != CUPTI_SUCCESS {
+                        say!(
+                            "cuptiActivityFlushPeriod({}) failed: {}; GPU records may reach the \
+                             agent only in large batches",
+                            cfg.flush_period_ms,
+                            api.describe(r)
+                        );
+                    }
+                }
+                None => say!(
+                    "this libcupti has no cuptiActivityFlushPeriod: GPU records may reach the \
+                     agent only in large batches"
+                ),
+            }
+        }
+        if let (Some(bytes), Some(f)) = (cfg.device_buffer, api.optional.set_attribute) {
+            let mut value = bytes;
+            let mut size = std::mem::size_of::<usize>();
+            // SAFETY: valid pointers to a size_t and its size.
+            let r = unsafe {
+                f(
+                    ATTR_DEVICE_BUFFER_SIZE,
+                    &mut size,
+                    (&raw mut value).cast::<c_void>(),
+                )
+            };
+            if r != CUPTI_SUCCESS {
+                say!(
+                    "cuptiActivitySetAttribute(DEVICE_BUFFER_SIZE, {bytes}) failed: {}",
+                    api.describe(r)
+                );
+            }
+        }
     }
 
     /// Flushes and unsubscribes, leaving CUPTI to another tool.
@@ -1379,6 +1442,8 @@ mod tests {
         assert_eq!(cfg.large, 64 << 10);
         assert_eq!(cfg.small, 16 << 10);
         assert!(cfg.reuse && !cfg.forced_flush);
+        assert_eq!(cfg.flush_period_ms, FLUSH_PERIOD_MS);
+        assert_eq!(cfg.device_buffer, None);
     }
 
     #[test]
@@ -1388,12 +1453,16 @@ mod tests {
             "SLO_PROBE_SMALL_BUFFER_KIB" => Some("1".to_string()),
             "SLO_PROBE_BUFFER_REUSE" => Some("0".to_string()),
             "SLO_PROBE_FORCED_FLUSH" => Some("1".to_string()),
+            "SLO_PROBE_FLUSH_PERIOD_MS" => Some("0".to_string()),
+            "SLO_PROBE_DEVICE_BUFFER_KIB" => Some("256".to_string()),
             _ => None,
         };
         let cfg = BufferCfg::from_vars(vars);
         assert_eq!(cfg.large, 8 << 20);
         assert_eq!(cfg.small, 4 << 10);
         assert!(!cfg.reuse && cfg.forced_flush);
+        assert_eq!(cfg.flush_period_ms, 0);
+        assert_eq!(cfg.device_buffer, Some(256 << 10));
         let junk = BufferCfg::from_vars(|_| Some("lots".to_string()));
         assert_eq!(junk.large, BUFFER_BYTES);
     }

@@ -106,6 +106,12 @@ uint32_t cuptiActivityRegisterCallbacks(requested_fn r, completed_fn c) {
     completed = c;
     return 0;
 }
+uint32_t cuptiActivityFlushPeriod(uint32_t ms) {
+    char b[32];
+    snprintf(b, sizeof b, "flush period %u;", ms);
+    say(b);
+    return 0;
+}
 uint32_t cuptiActivityRegisterTimestampCallback(timestamp_fn f) { (void)f; return 0; }
 uint32_t cuptiActivityFlushAll(uint32_t flags) {
     say((flags & 1) ? "flush forced;" : "flush;");

@@ -262,6 +262,10 @@ fn depth_control_loop_against_a_fake_cupti() {
     assert_eq!(seq[0], (DEPTH_TIMING, DEPTH_REASON_DEFAULT));
     let start = calls.find("enable 51;").expect("GRAPH_TRACE enabled");
     assert!(!calls[..start].contains("enable 10;"), "{calls}");
+    // CUPTI's worker flushes every 250 ms, set before any activity is enabled: without it no
+    // kernel buffer came back while the job ran on the H200.
+    let period = calls.find("flush period 250;").expect("flush period set");
+    assert!(period < start, "{calls}");
     assert!(
         !calls[..start].contains("cb+ 2:211"),
         "kernel callbacks before a window: {calls}"
