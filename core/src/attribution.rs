@@ -89,14 +89,14 @@ pub struct OpAgg {
 
 impl OpAgg {
     fn add(&mut self, o: &OpAgg) {
-        self.gpu_ns += o.gpu_ns;
-        self.critical_ns += o.critical_ns;
+        self.gpu_ns = self.gpu_ns.saturating_add(o.gpu_ns);
+        self.critical_ns = self.critical_ns.saturating_add(o.critical_ns);
         self.count += o.count;
-        self.gap_ns += o.gap_ns;
-        self.wait_ns += o.wait_ns;
+        self.gap_ns = self.gap_ns.saturating_add(o.gap_ns);
+        self.wait_ns = self.wait_ns.saturating_add(o.wait_ns);
         self.occ_weighted += o.occ_weighted;
-        self.occ_ns += o.occ_ns;
-        self.bytes += o.bytes;
+        self.occ_ns = self.occ_ns.saturating_add(o.occ_ns);
+        self.bytes = self.bytes.saturating_add(o.bytes);
     }
 
     fn occupancy(&self) -> Option<f64> {
@@ -160,14 +160,14 @@ impl Profile {
     /// Adds one iteration.
     pub fn add_iteration(&mut self, it: &Iteration) {
         self.iterations += 1;
-        self.wall_ns += it.step_ns();
+        self.wall_ns = self.wall_ns.saturating_add(it.step_ns());
         // Node-level iterations show a graph's kernels where the others show one graph
         // launch: they tell what a graph runs, they are not compared.
         if !it.traced || it.graph_nodes > 0 {
             return;
         }
         self.traced += 1;
-        self.idle_before_ns += it.idle_before_first_ns;
+        self.idle_before_ns = self.idle_before_ns.saturating_add(it.idle_before_first_ns);
         if let Some(c) = it.gpu.as_ref().and_then(|g| g.sm_clock_mhz) {
             self.sm_clock_mhz.0 += c;
             self.sm_clock_mhz.1 += 1;
@@ -207,8 +207,8 @@ impl Profile {
     pub fn merge(&mut self, o: &Profile) {
         self.iterations += o.iterations;
         self.traced += o.traced;
-        self.wall_ns += o.wall_ns;
-        self.idle_before_ns += o.idle_before_ns;
+        self.wall_ns = self.wall_ns.saturating_add(o.wall_ns);
+        self.idle_before_ns = self.idle_before_ns.saturating_add(o.idle_before_ns);
         self.overflowed += o.overflowed;
         self.sm_clock_mhz.0 += o.sm_clock_mhz.0;
         self.sm_clock_mhz.1 += o.sm_clock_mhz.1;

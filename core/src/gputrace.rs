@@ -71,6 +71,27 @@ pub struct Activity {
     pub device: u32,
 }
 
+/// The latest timestamp an activity or step keeps (2^62 ns, 146 years of `CLOCK_MONOTONIC`):
+/// later ones come from a corrupt or hostile record and are clamped, so that sums of times and
+/// spans stay far from `u64::MAX`.
+pub const MAX_TS_NS: u64 = 1 << 62;
+/// The longest an activity counts for (one hour): longer spans come from corrupt or hostile
+/// records (a start after its end counts as zero). With [`MAX_PENDING`] activities per
+/// iteration, no sum of durations comes near `u64::MAX`.
+pub const MAX_ACTIVITY_NS: u64 = 3_600_000_000_000;
+
+/// A timestamp as the assembler keeps it ([`MAX_TS_NS`]).
+fn bounded_ts(ts: u64) -> u64 {
+    ts.min(MAX_TS_NS)
+}
+
+/// An activity's end as the assembler keeps it: within [`MAX_ACTIVITY_NS`] of its start, never
+/// before it.
+fn bounded_end(start: u64, end: u64) -> u64 {
+    let start = bounded_ts(start);
+    end.clamp(start, start + MAX_ACTIVITY_NS)
+}
+
 impl Activity {
     fn from_kernel(k: &GpuKernelRecord) -> Self {
         Self {
@@ -79,9 +100,9 @@ impl Activity {
             } else {
                 ActivityKind::Kernel
             },
-            start_ns: k.start_ns,
-            end_ns: k.end_ns,
-            launch_ns: k.launch_ns,
+            start_ns: bounded_ts(k.start_ns),
+            end_ns: bounded_end(k.start_ns, k.end_ns),
+            launch_ns: bounded_ts(k.launch_ns),
             placed: false,
             correlation_id: k.correlation_id,
             bytes: 0,
@@ -98,9 +119,9 @@ impl Activity {
     fn from_graph(g: &GpuGraphRecord) -> Self {
         Self {
             kind: ActivityKind::Graph,
-            start_ns: g.start_ns,
-            end_ns: g.end_ns,
-            launch_ns: g.launch_ns,
+            start_ns: bounded_ts(g.start_ns),
+            end_ns: bounded_end(g.start_ns, g.end_ns),
+            launch_ns: bounded_ts(g.launch_ns),
             placed: false,
             correlation_id: g.correlation_id,
             bytes: 0,
@@ -117,9 +138,9 @@ impl Activity {
     fn from_mem(m: &GpuMemRecord) -> Self {
         Self {
             kind: ActivityKind::Memory,
-            start_ns: m.start_ns,
-            end_ns: m.end_ns,
-            launch_ns: m.launch_ns,
+            start_ns: bounded_ts(m.start_ns),
+            end_ns: bounded_end(m.start_ns, m.end_ns),
+            launch_ns: bounded_ts(m.launch_ns),
             placed: false,
             correlation_id: m.correlation_id,
             bytes: m.bytes,
@@ -747,9 +768,13 @@ impl TraceAssembler {
             let mut by_label: HashMap<String, u64> = HashMap::new();
             for (&(op_id, name_id), &ns) in contents {
                 let (label, _, _) = self.label_of(OpKey::Kernel(op_id, name_id));
-                *by_label.entry(label).or_default() += ns;
+                let sum = by_label.entry(label).or_default();
+                *sum = sum.saturating_add(ns);
             }
-            let total = by_label.values().sum::<u64>().max(1) as f64;
+            let total = by_label
+                .values()
+                .fold(0, |a, &b| u64::saturating_add(a, b))
+                .max(1) as f64;
             let mut ops: Vec<(String, f64)> = by_label
                 .into_iter()
                 .map(|(l, ns)| (l, ns as f64 / total))
@@ -803,7 +828,8 @@ impl TraceAssembler {
                     let graphs_full = self.graph_contents.len() >= MAX_GRAPHS;
                     match self.graph_contents.get_mut(&k.graph_id) {
                         Some(c) if c.contains_key(&key) => {
-                            *c.entry(key).or_default() += a.duration_ns();
+                            let sum = c.entry(key).or_default();
+                            *sum = sum.saturating_add(a.duration_ns());
                             self.graph_contents_changed = true;
                         }
                         Some(c) if room && c.len() < MAX_GRAPH_KERNELS => {
@@ -842,8 +868,8 @@ impl TraceAssembler {
             AnyRecord::GpuEvent(e) if e.ts_ns == 0 => return,
             AnyRecord::GpuEvent(e) => Activity {
                 kind: ActivityKind::Event,
-                start_ns: e.ts_ns,
-                end_ns: e.ts_ns,
+                start_ns: bounded_ts(e.ts_ns),
+                end_ns: bounded_ts(e.ts_ns),
                 launch_ns: 0,
                 placed: false,
                 correlation_id: 0,
@@ -908,8 +934,8 @@ impl TraceAssembler {
                 }
                 let e = self.steps.entry(st.step).or_default();
                 match st.phase {
-                    STEP_BEGIN => e.0 = Some(st.ts_ns),
-                    STEP_END => e.1 = Some(st.ts_ns),
+                    STEP_BEGIN => e.0 = Some(bounded_ts(st.ts_ns)),
+                    STEP_END => e.1 = Some(bounded_ts(st.ts_ns)),
                     _ => {}
                 }
                 return;
@@ -1449,8 +1475,12 @@ impl TraceAssembler {
     fn complete(&mut self, launches: u32) -> bool {
         let mut sorted: Vec<u32> = self.recent_launches.iter().copied().collect();
         sorted.sort_unstable();
-        let complete = sorted.len() < 4
-            || f64::from(launches) >= INCOMPLETE_SHARE * f64::from(sorted[sorted.len() / 2]);
+        // No kernel at all is never a whole iteration: a CPU running ahead of the GPU, with
+        // records delivered late (on the H200 every kernel record came 6-18 s after its
+        // iteration), would otherwise make an iteration of pure "GPU idle" and start the median.
+        let complete = launches > 0
+            && (sorted.len() < 4
+                || f64::from(launches) >= INCOMPLETE_SHARE * f64::from(sorted[sorted.len() / 2]));
         if complete {
             self.refused_in_a_row = 0;
             if launches > 0 {
@@ -1982,6 +2012,31 @@ mod tests {
             Some("native_layer_norm")
         );
         assert_eq!(inductor_ops("ampere_sgemm_128x64_tn"), None);
+    }
+
+    #[test]
+    fn hostile_times_are_bounded_at_assembly() {
+        let mut t = TraceAssembler::new();
+        t.push(&AnyRecord::Step(step(0, 1_000, STEP_BEGIN)));
+        // A kernel ending at u64::MAX, one ending before it starts, a step ending at u64::MAX.
+        let mut long = kernel(2_000, 10, 1_500, 1, 0);
+        long.end_ns = u64::MAX;
+        let mut backwards = kernel(3_000, 10, 2_500, 1, 0);
+        backwards.end_ns = 5;
+        t.push(&AnyRecord::GpuKernel(long));
+        t.push(&AnyRecord::GpuKernel(backwards));
+        t.push(&AnyRecord::Step(step(0, u64::MAX, STEP_END)));
+        let its = t.take_iterations(u64::MAX, 1_000, true);
+        assert_eq!(its.len(), 1);
+        let i = &its[0];
+        assert!(i.step_ns() <= MAX_TS_NS, "{}", i.step_ns());
+        assert!(i.gpu_busy_ns <= MAX_ACTIVITY_NS, "{}", i.gpu_busy_ns);
+        // Sums over many such iterations stay finite.
+        let mut p = crate::attribution::Profile::default();
+        for _ in 0..16 {
+            p.add_iteration(i);
+        }
+        assert_eq!(p.wall_ns, i.step_ns().saturating_mul(16));
     }
 
     #[test]

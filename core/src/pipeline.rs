@@ -323,7 +323,11 @@ impl ProcessPipeline {
             }
         }
         self.view.iterations_total += done.len() as u64;
-        self.view.steps_ns += done.iter().map(Iteration::step_ns).sum::<u64>();
+        let steps_ns = done
+            .iter()
+            .map(Iteration::step_ns)
+            .fold(0, u64::saturating_add);
+        self.view.steps_ns = self.view.steps_ns.saturating_add(steps_ns);
         let at = self.now_ns;
         self.staged.extend(done.into_iter().map(|i| (at, i)));
     }

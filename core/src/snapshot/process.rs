@@ -205,7 +205,7 @@ impl IterationStats {
             }
         }
         let mut ops: Vec<_> = ops.into_values().collect();
-        let ops_gpu_ns = ops.iter().map(|o| o.gpu_ns).sum();
+        let ops_gpu_ns = ops.iter().map(|o| o.gpu_ns).fold(0, u64::saturating_add);
         // Stable: ties stay in label order.
         ops.sort_by_key(|o| std::cmp::Reverse(o.gpu_ns));
         ops.truncate(TOP_OPS);
