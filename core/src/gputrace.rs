@@ -1456,9 +1456,10 @@ impl TraceAssembler {
             traced: self.depth.traced(
                 b,
                 e.max(gpu_end.max(free_before).saturating_add(TRACED_MARGIN_NS)),
-            ) && (graph_launches > 0
+            ) && (self.depth.changes.is_empty()
+                || graph_launches > 0
                 || graph_nodes > 0
-                || (kernels > 0 && (self.depth.changes.is_empty() || self.complete(kernels)))),
+                || self.complete(kernels)),
             device,
             gpu: None,
         }

@@ -775,9 +775,16 @@ mod tests {
     }
 
     /// Learns on 10 ms steps for 5 s, then runs 20 ms steps for 80 s (`with_kernels`: one
-    /// kernel record each, else none), a tick every 100 ms; the depth wanted at each tick.
+    /// kernel record each, else none), a tick every 100 ms; the depth wanted at each tick. The
+    /// shim says it traces kernels throughout (a depth record at 0).
     fn slowdown_depths(with_kernels: bool) -> (ProcessPipeline, Vec<(u64, u32)>) {
         let mut p = ProcessPipeline::new(7, live()).expect("spec");
+        p.push(&AnyRecord::Depth(slo_probe_common::DepthRecord {
+            header: RecordHeader::of::<slo_probe_common::DepthRecord>(),
+            from_ns: 0,
+            depth: slo_probe_common::gpu::DEPTH_KERNELS,
+            reason: 1,
+        }));
         let mut t = 0;
         let mut k = 0;
         let mut out = Vec::new();
