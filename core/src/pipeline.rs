@@ -151,27 +151,6 @@ pub struct ProcessPipeline {
     now_ns: u64,
     /// When the view's graph profiles were last rebuilt, ns.
     graph_ops_at: u64,
-    /// Kernel depth asked for without kernel records arriving ([`ProcessPipeline::wanted_depth`]).
-    starve: DepthStarve,
-}
-
-/// How long the pipeline asks for kernel depth while no kernel record arrives before it gives
-/// up: on the H200 (CUDA 13.0 without a CUPTI flush period) no kernel buffer came back while the
-/// job ran, and asking on would only have cost the job the tracing.
-pub const DEPTH_STARVED_NS: u64 = 30_000_000_000;
-/// How long it then stays at the shim's own tier before asking again.
-pub const DEPTH_STARVED_BACKOFF_NS: u64 = 120_000_000_000;
-
-/// Kernel depth asked for, and whether kernel records came of it.
-#[derive(Clone, Copy, Debug, Default)]
-struct DepthStarve {
-    /// Since when kernel depth is asked for with no kernel record since (ns), and the kernel
-    /// records seen then.
-    asking: Option<(u64, u64)>,
-    /// Until when nothing above the shim's tier is asked for (ns).
-    backoff_until_ns: u64,
-    /// Times it gave up.
-    gave_up: u64,
 }
 
 impl ProcessPipeline {
@@ -201,7 +180,6 @@ impl ProcessPipeline {
             decode_failed: 0,
             now_ns: 0,
             graph_ops_at: 0,
-            starve: DepthStarve::default(),
         })
     }
 
@@ -424,42 +402,7 @@ impl ProcessPipeline {
     /// as an iteration node breaches (before a violation opens), node by node when the job
     /// replays CUDA graphs and the attribution so far points into a graph, for as long as an
     /// attribution needs traced iterations; 0 (the shim's own duty-cycled tier) otherwise.
-    /// Kernel depth asked for [`DEPTH_STARVED_NS`] with no kernel record arriving is given up
-    /// for [`DEPTH_STARVED_BACKOFF_NS`] (counted in [`ProcessPipeline::depth_given_up`]).
-    pub fn wanted_depth(&mut self) -> u32 {
-        use slo_probe_common::gpu::DEPTH_TIMING;
-        let want = self.depth_needed();
-        let now = self.now_ns;
-        let kernels = self.asm.seen[0];
-        let st = &mut self.starve;
-        if now < st.backoff_until_ns {
-            return DEPTH_TIMING;
-        }
-        if want == DEPTH_TIMING {
-            st.asking = None;
-            return want;
-        }
-        match st.asking {
-            Some((_, seen)) if kernels > seen => st.asking = Some((now, kernels)),
-            Some((since, _)) if now.saturating_sub(since) >= DEPTH_STARVED_NS => {
-                st.asking = None;
-                st.backoff_until_ns = now.saturating_add(DEPTH_STARVED_BACKOFF_NS);
-                st.gave_up += 1;
-                return DEPTH_TIMING;
-            }
-            Some(_) => {}
-            None => st.asking = Some((now, kernels)),
-        }
-        want
-    }
-
-    /// Times kernel depth was given up because no kernel record came of it.
-    pub fn depth_given_up(&self) -> u64 {
-        self.starve.gave_up
-    }
-
-    /// What the SLO engine needs, before the starvation cap.
-    fn depth_needed(&self) -> u32 {
+    pub fn wanted_depth(&self) -> u32 {
         use crate::slo::NodeState;
         use slo_probe_common::gpu::{DEPTH_KERNELS, DEPTH_NODES, DEPTH_TIMING};
         let Some(slo) = &self.view.slo else {
@@ -772,70 +715,6 @@ mod tests {
             },
             100 * MS,
         )
-    }
-
-    /// Learns on 10 ms steps for 5 s, then runs 20 ms steps for 80 s (`with_kernels`: one
-    /// kernel record each, else none), a tick every 100 ms; the depth wanted at each tick. The
-    /// shim says it traces kernels throughout (a depth record at 0).
-    fn slowdown_depths(with_kernels: bool) -> (ProcessPipeline, Vec<(u64, u32)>) {
-        let mut p = ProcessPipeline::new(7, live()).expect("spec");
-        p.push(&AnyRecord::Depth(slo_probe_common::DepthRecord {
-            header: RecordHeader::of::<slo_probe_common::DepthRecord>(),
-            from_ns: 0,
-            depth: slo_probe_common::gpu::DEPTH_KERNELS,
-            reason: 1,
-        }));
-        let mut t = 0;
-        let mut k = 0;
-        let mut out = Vec::new();
-        let mut next_tick = 100 * MS;
-        while t < 85_000 * MS {
-            let wall = if t < 5_000 * MS { 10 } else { 20 };
-            p.push(&step(k, t, STEP_BEGIN));
-            if wall == 10 || with_kernels {
-                p.push(&kernel(t + MS / 10, wall * MS / 2));
-            }
-            t += wall * MS;
-            p.push(&step(k, t, STEP_END));
-            k += 1;
-            if t >= next_tick {
-                p.advance(t, None, true);
-                out.push((t, p.wanted_depth()));
-                next_tick += 100 * MS;
-            }
-        }
-        (p, out)
-    }
-
-    #[test]
-    fn kernel_depth_without_kernel_records_is_given_up() {
-        use slo_probe_common::gpu::DEPTH_TIMING;
-        let (p, depths) = slowdown_depths(false);
-        let first = depths
-            .iter()
-            .find(|d| d.1 > DEPTH_TIMING)
-            .expect("the slowdown asks for kernel depth")
-            .0;
-        assert!(first < 15_000 * MS, "asked at {} ms", first / MS);
-        assert_eq!(p.depth_given_up(), 1, "{depths:?}");
-        // The last run of asks (no kernel record since the slowdown began) lasted
-        // DEPTH_STARVED_NS; then the shim's own tier through the backoff (past the run's end).
-        let last = depths.iter().rposition(|d| d.1 > DEPTH_TIMING).unwrap();
-        let start = depths[..=last]
-            .iter()
-            .rposition(|d| d.1 == DEPTH_TIMING)
-            .map_or(0, |i| i + 1);
-        let asked = depths[last].0 - depths[start].0;
-        assert!(
-            (DEPTH_STARVED_NS - 200 * MS..=DEPTH_STARVED_NS).contains(&asked),
-            "asked from {} to {} ms",
-            depths[start].0 / MS,
-            depths[last].0 / MS
-        );
-        assert!(depths[last].0 > 5_000 * MS, "{depths:?}");
-        // With kernel records arriving, the engine's own needs decide: never given up.
-        let (p, _) = slowdown_depths(true);
-        assert_eq!(p.depth_given_up(), 0);
     }
 
     #[test]

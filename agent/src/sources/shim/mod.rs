@@ -739,17 +739,7 @@ fn drain_all(s: &mut State, sinks: &Sinks, flush: bool) {
         let Some(p) = pipelines.get_mut(c.pid) else {
             continue;
         };
-        let gave_up = p.depth_given_up();
         let want = p.wanted_depth();
-        if p.depth_given_up() > gave_up {
-            log::warn!(
-                "pid {}: no kernel record arrived in {} s at kernel depth (CUPTI is not handing \
-                 its buffers back while the job runs): back to the shim's own tier for {} s",
-                c.pid,
-                slo_probe_core::pipeline::DEPTH_STARVED_NS / 1_000_000_000,
-                slo_probe_core::pipeline::DEPTH_STARVED_BACKOFF_NS / 1_000_000_000
-            );
-        }
         let h = c.ring.header();
         let info = p.info_mut();
         info.depth_wanted = want;
@@ -777,8 +767,6 @@ fn drain_all(s: &mut State, sinks: &Sinks, flush: bool) {
                     c.pid,
                     if want > DEPTH_TIMING {
                         "an SLO node breaches"
-                    } else if p.depth_given_up() > gave_up {
-                        "no kernel record came of kernel depth"
                     } else {
                         "attribution has what it needs"
                     }
