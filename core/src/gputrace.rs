@@ -773,7 +773,8 @@ impl TraceAssembler {
             }
             let total = by_label
                 .values()
-                .fold(0, |a, &b| u64::saturating_add(a, b))
+                .copied()
+                .fold(0, u64::saturating_add)
                 .max(1) as f64;
             let mut ops: Vec<(String, f64)> = by_label
                 .into_iter()
@@ -1483,11 +1484,9 @@ impl TraceAssembler {
                 || f64::from(launches) >= INCOMPLETE_SHARE * f64::from(sorted[sorted.len() / 2]));
         if complete {
             self.refused_in_a_row = 0;
-            if launches > 0 {
-                self.recent_launches.push_back(launches);
-                if self.recent_launches.len() > RECENT_LAUNCHES {
-                    self.recent_launches.pop_front();
-                }
+            self.recent_launches.push_back(launches);
+            if self.recent_launches.len() > RECENT_LAUNCHES {
+                self.recent_launches.pop_front();
             }
         } else {
             self.refused_in_a_row += 1;

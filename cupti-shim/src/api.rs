@@ -60,10 +60,9 @@ macro_rules! api {
                         $name: {
                             let sym = concat!(stringify!($name), "\0");
                             // SAFETY: a NUL-terminated name and a live handle.
-                            let p = unsafe { libc::dlsym(handle, sym.as_ptr().cast()) };
-                            if p.is_null() {
+                            let Some(p) = (unsafe { lookup(handle, sym.as_ptr().cast()) }) else {
                                 return Err(ShimError::MissingSymbol { symbol: stringify!($name) });
-                            }
+                            };
                             // SAFETY: the symbol is the C function with this signature (CUPTI 13
                             // headers).
                             unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($arg),*) -> $ret>(p) }
@@ -91,15 +90,22 @@ pub struct Optional {
     pub set_attribute: Option<SetAttributeFn>,
 }
 
+/// The address of `name` in `handle`, if it has it.
+///
+/// # Safety
+/// `handle` must be a live `dlopen` handle and `name` a NUL-terminated string.
+unsafe fn lookup(handle: *mut c_void, name: *const c_char) -> Option<*mut c_void> {
+    // SAFETY: as the caller promises.
+    let p = unsafe { libc::dlsym(handle, name) };
+    (!p.is_null()).then_some(p)
+}
+
 impl Optional {
     /// # Safety
     /// `handle` must be a live `dlopen` handle of libcupti 13.
     unsafe fn resolve(handle: *mut c_void) -> Self {
-        let find = |sym: &std::ffi::CStr| {
-            // SAFETY: a NUL-terminated name and a live handle.
-            let p = unsafe { libc::dlsym(handle, sym.as_ptr()) };
-            (!p.is_null()).then_some(p)
-        };
+        // SAFETY: NUL-terminated names and a live handle.
+        let find = |sym: &std::ffi::CStr| unsafe { lookup(handle, sym.as_ptr()) };
         Self {
             // SAFETY: the symbols are the C functions with these signatures (CUPTI 13 headers).
             flush_period: find(c"cuptiActivityFlushPeriod")

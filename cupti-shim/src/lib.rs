@@ -131,11 +131,9 @@ impl BufferCfg {
 
     /// From the variables `var` returns: sizes in KiB (4 KiB to 64 MiB), in bytes here.
     fn from_vars(var: impl Fn(&str) -> Option<String>) -> Self {
-        let bytes = |k: &str, default: usize| {
-            var(k)
-                .and_then(|v| v.parse::<usize>().ok())
-                .map_or(default, |kib| kib.clamp(4, 64 << 10) << 10)
-        };
+        let number = |k: &str| var(k).and_then(|v| v.parse::<usize>().ok());
+        let bytes =
+            |k: &str, default: usize| number(k).map_or(default, |kib| kib.clamp(4, 64 << 10) << 10);
         Self {
             large: bytes("SLO_PROBE_BUFFER_KIB", BUFFER_BYTES),
             small: bytes("SLO_PROBE_SMALL_BUFFER_KIB", SMALL_BUFFER_BYTES),
@@ -144,8 +142,7 @@ impl BufferCfg {
             flush_period_ms: var("SLO_PROBE_FLUSH_PERIOD_MS")
                 .and_then(|v| v.parse::<u32>().ok())
                 .map_or(FLUSH_PERIOD_MS, |ms| ms.min(60_000)),
-            device_buffer: var("SLO_PROBE_DEVICE_BUFFER_KIB")
-                .and_then(|v| v.parse::<usize>().ok())
+            device_buffer: number("SLO_PROBE_DEVICE_BUFFER_KIB")
                 .map(|kib| kib.clamp(64, 1 << 20) << 10),
         }
     }
@@ -587,7 +584,8 @@ impl Shim {
     }
 
     /// How CUPTI hands buffers back: its worker's flush period and the device buffer size,
-    /// before any activity is enabled. Neither is needed to trace; a failure is said once.
+    /// before any activity is enabled. Neither is needed to trace; a failure is said (each time
+    /// tracing starts).
     fn set_delivery(&self, api: &Cupti) {
         let cfg = self.buffers_cfg;
         if cfg.flush_period_ms > 0 {
