@@ -6,7 +6,7 @@
 //!
 //! - busy neighbours: three spinning processes in a neighbour cgroup the config allows (with
 //!   `cpu.shares` 4096: a neighbour that asked for 4 CPUs), pinned to `train-main`'s CPU;
-//! - a throttled job: a CPU quota on the job's cgroup of 60% of what it uses.
+//! - a throttled job: a CPU quota on the job's cgroup of 60% of what it uses, per 20 ms period.
 //!
 //! The job's and the neighbour's cgroups sit under a parent weighted 100× the machine's other
 //! work (as a node weighs its training pods), so that the other builds sharing this machine do
@@ -795,7 +795,13 @@ fn throttled(attempt: u32) {
     let base = warm_up(&w);
     // What the job uses, from its threads' CPU time: 60% of it is the quota.
     let used = job_cpu_share(&w, Duration::from_secs(2));
-    let period = 100_000u64;
+    // A period shorter than a step, so that every step loses its share to the throttle: with
+    // the default 100 ms and steps of ~25 ms (CI, 2026-12-01) a step ran unthrottled in most
+    // periods and only the one that met the period's empty pool waited, so the median step was
+    // 8% slower while the job ran 40% fewer steps (the test judges the median). Set before the
+    // knobs are read: without a quota the period limits nothing.
+    let period = 20_000u64;
+    job.set("cpu.cfs_period_us", &period.to_string());
     let quota = ((used * 0.6) * period as f64) as u64;
     eprintln!("the job uses {used:.2} CPUs: quota {quota} µs per {period} µs");
     let before = read_knobs(&w, &[job]);
