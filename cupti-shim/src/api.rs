@@ -136,9 +136,23 @@ api! {
 }
 
 impl Cupti {
-    /// Finds libcupti: the copy already loaded (`RTLD_NOLOAD`), else the first one the loader
-    /// finds by soname.
+    /// Finds libcupti where a CUDA driver is there: the copy already loaded (`RTLD_NOLOAD`),
+    /// else the first one the loader finds by soname.
     pub fn load() -> Result<(Self, &'static str), ShimError> {
+        // Without a CUDA driver libcupti is not called at all: CUPTI 13's cuptiGetVersion
+        // then recurses through cuptiGetResultString until the stack overflows (a CPU-only
+        // node with a CUDA build of PyTorch, whose libcupti is loaded, and the shim loaded by
+        // the python client for step markers: the training process died of SIGSEGV at its
+        // first step under `slo-probe run`, 2026-12-02). Loading the driver library here only
+        // maps it (the first CUDA call initialises it); it stays loaded, as libcupti would
+        // load it anyway.
+        let driver = [libc::RTLD_NOW | libc::RTLD_NOLOAD, libc::RTLD_LAZY]
+            .into_iter()
+            // SAFETY: a NUL-terminated name.
+            .any(|flags| !unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), flags) }.is_null());
+        if !driver {
+            return Err(ShimError::NoDriver);
+        }
         for (name, flags) in [
             (c"libcupti.so.13", libc::RTLD_NOW | libc::RTLD_NOLOAD),
             (c"libcupti.so", libc::RTLD_NOW | libc::RTLD_NOLOAD),

@@ -27,6 +27,10 @@ pub enum ShimError {
     /// No libcupti in the process or on the library path.
     #[error("libcupti.so.13 is neither loaded in the process nor on the library path")]
     NoLibcupti,
+    /// No CUDA driver (`libcuda.so.1`) in the process or on the library path: a machine
+    /// without a GPU driver. libcupti is then not called at all.
+    #[error("no CUDA driver (libcuda.so.1 is neither loaded nor on the library path)")]
+    NoDriver,
     /// A libcupti without a function the shim calls (older than CUPTI 13).
     #[error(
         "libcupti has no {symbol}: it is older than CUPTI 13 (CUDA 13.0); use a PyTorch built \

@@ -88,6 +88,143 @@ fn child_process() {
     std::thread::sleep(Duration::from_millis(100));
 }
 
+/// A fresh directory with the fake libcupti and, with `driver`, an empty `libcuda.so.1` (the
+/// shim calls libcupti only where a CUDA driver is there).
+fn fake_libs(cc: &str, name: &str, driver: bool) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "slo-probe-fake-cupti-{name}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let cupti = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fake_cupti.c");
+    let cuda = dir.join("fake_cuda.c");
+    std::fs::write(&cuda, "int fake_cuda_driver(void) { return 1; }\n").expect("write");
+    let libs: &[(&str, &PathBuf)] = if driver {
+        &[("libcupti.so.13", &cupti), ("libcuda.so.1", &cuda)]
+    } else {
+        &[("libcupti.so.13", &cupti)]
+    };
+    for (soname, src) in libs {
+        let st = Command::new(cc)
+            .args(["-shared", "-fPIC", "-O1"])
+            .arg(format!("-Wl,-soname,{soname}"))
+            .arg("-o")
+            .arg(dir.join(soname))
+            .arg(src)
+            .arg("-lpthread")
+            .status()
+            .expect("cc");
+        assert!(st.success(), "building the fake {soname} failed");
+    }
+    dir
+}
+
+/// The training process of `no_cupti_call_without_a_cuda_driver`: libcupti loaded (as a CUDA
+/// build of PyTorch loads it), no CUDA driver, the shim loaded for step markers only (the
+/// python client's way: no `InitializeInjection`).
+#[test]
+fn child_without_a_driver() {
+    if std::env::var_os(CHILD).is_none_or(|v| v != "no-driver") {
+        return;
+    }
+    // SAFETY: a NUL-terminated name; the fake library has no initialiser with preconditions.
+    let h = unsafe { libc::dlopen(c"libcupti.so.13".as_ptr(), libc::RTLD_NOW) };
+    assert!(!h.is_null(), "the fake libcupti did not load");
+    let log: extern "C" fn() -> *const libc::c_char = fake_fn(c"fake_log");
+    for step in 0..20 {
+        slo_probe_cupti::slo_probe_step_begin(step);
+        std::thread::sleep(Duration::from_millis(2));
+        slo_probe_cupti::slo_probe_step_end(step);
+    }
+    slo_probe_cupti::slo_probe_flush();
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: the fake's NUL-terminated log.
+    let calls = unsafe { std::ffi::CStr::from_ptr(log()) }.to_string_lossy();
+    println!("FAKE:calls [{calls}]");
+}
+
+/// Where no CUDA driver can be loaded the shim calls nothing in libcupti (CUPTI 13 overflows
+/// the stack in cuptiGetVersion there: the training process died of SIGSEGV) and the step
+/// markers still reach the agent.
+#[test]
+fn no_cupti_call_without_a_cuda_driver() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    // SAFETY: a NUL-terminated name.
+    if !unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_LAZY) }.is_null() {
+        eprintln!("skipped: this machine has a CUDA driver");
+        return;
+    }
+    let Some(cc) = compiler() else {
+        eprintln!("skipped: no C compiler to build the fake libcupti");
+        return;
+    };
+    let dir = fake_libs(&cc, "no-driver", false);
+    let socket = dir.join("shim.sock");
+    let listener = UnixListener::bind(&socket).expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let child = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "child_without_a_driver",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, "no-driver")
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("SLO_PROBE_SOCKET", &socket)
+        .env("SLO_PROBE_SHIM_LOG", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("child");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let stream = loop {
+        match listener.accept() {
+            Ok((s, _)) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(Instant::now() < deadline, "the shim never registered");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    };
+    stream.set_nonblocking(false).expect("blocking");
+    let (hello, fd) = recv_with_fd(&stream);
+    let hello = ShimHello::from_bytes(&hello).expect("a hello of this ring version");
+    let len = hello.ring_len as usize;
+    // SAFETY: the shim's memfd, `len` bytes long.
+    let base = unsafe { slo_probe_common::host::map_shared(fd.as_raw_fd(), len) }.expect("mmap");
+    // SAFETY: mapped for the rest of the test (never unmapped).
+    let ring = unsafe { Ring::open(base.as_ptr(), len) }.expect("ring");
+    let out = child.wait_with_output().expect("child");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "child failed: {:?}\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(
+        stdout.contains("FAKE:calls []"),
+        "libcupti was called:\n{stdout}"
+    );
+    assert!(stderr.contains("no CUDA driver"), "{stderr}");
+    let mut buf = vec![0u8; 1 << 16];
+    let mut ends = 0;
+    ring.drain(&mut buf, |r| {
+        if let Ok((AnyRecord::Step(s), _)) = decode(r) {
+            ends += u32::from(s.phase == STEP_END);
+        }
+    });
+    assert_eq!(ends, 20, "step ends in the ring");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn compiler() -> Option<String> {
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     for c in [cc.as_str(), "cc", "gcc", "clang"] {
@@ -147,24 +284,7 @@ fn depth_control_loop_against_a_fake_cupti() {
         eprintln!("skipped: no C compiler to build the fake libcupti");
         return;
     };
-    let dir = std::env::temp_dir().join(format!("slo-probe-fake-cupti-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fake_cupti.c");
-    let lib = dir.join("libcupti.so.13");
-    let st = Command::new(&cc)
-        .args([
-            "-shared",
-            "-fPIC",
-            "-O1",
-            "-Wl,-soname,libcupti.so.13",
-            "-o",
-        ])
-        .arg(&lib)
-        .arg(&src)
-        .arg("-lpthread")
-        .status()
-        .expect("cc");
-    assert!(st.success(), "building the fake libcupti failed");
+    let dir = fake_libs(&cc, "depth", true);
     let socket = dir.join("shim.sock");
     let _ = std::fs::remove_file(&socket);
     let listener = UnixListener::bind(&socket).expect("bind");
