@@ -15,8 +15,7 @@ use std::{
 /// Whether root-tier tests may skip when not privileged. Set `SLO_PROBE_REQUIRE_ROOT_TESTS=1`
 /// (scripts/test and CI do) to make a missing privilege a failure instead of a skip.
 pub fn root_or_skip(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
+    if is_root() {
         return true;
     }
     if std::env::var_os("SLO_PROBE_REQUIRE_ROOT_TESTS").is_some_and(|v| v == "1") {
@@ -24,6 +23,12 @@ pub fn root_or_skip(test: &str) -> bool {
     }
     eprintln!("{test}: skipped: needs root (eBPF in the real kernel); run scripts/test as root");
     false
+}
+
+/// Whether this process runs as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
 }
 
 /// Pins the calling thread to one CPU.

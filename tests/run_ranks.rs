@@ -4,23 +4,23 @@
 //! both processes, their iterations, the job's straggler scores (rank 1 is slower) and the
 //! shadow healer's view of both ranks.
 
-use std::process::Command;
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use slo_probe::cli::run::RunReport;
-use slo_probe_tests::{artefact, free_addr};
+use slo_probe_tests::{artefact, free_addr, is_root, tempdir};
 
-#[test]
-fn a_launcher_with_two_ranks_gets_one_report_with_both() {
-    let dir = std::env::temp_dir().join(format!("slo-probe-run-ranks-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
+/// `run.toml` in `dir`: a private listener, the workspace's shim, no NVML, 200 ms ticks, the
+/// healer's files in `dir`, and `extra` (more TOML tables).
+fn run_config(dir: &Path, extra: &str) -> PathBuf {
     let config = dir.join("run.toml");
     std::fs::write(
         &config,
         format!(
             "[prometheus]\nlisten = \"{}\"\n[shim]\nlibrary = {:?}\n[gpu]\nnvml = false\n\
-             [agent]\ntick_ms = 200\n[slo]\nwindow_ms = 500\nlearn_windows = 3\n\
-             warmup_iterations = 5\n[heal]\njournal = {:?}\njobs_dir = {:?}\n",
+             [agent]\ntick_ms = 200\n[heal]\njournal = {:?}\njobs_dir = {:?}\n{extra}",
             free_addr(),
             artefact("libslo_probe_cupti.so", "slo-probe-cupti"),
             dir.join("heal.jsonl"),
@@ -28,6 +28,22 @@ fn a_launcher_with_two_ranks_gets_one_report_with_both() {
         ),
     )
     .expect("config");
+    config
+}
+
+/// The JSON report `run -o NAME` wrote in `dir`.
+fn report(dir: &Path, name: &str) -> RunReport {
+    serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.json"))).expect("report"))
+        .expect("parses")
+}
+
+#[test]
+fn a_launcher_with_two_ranks_gets_one_report_with_both() {
+    let dir = tempdir("run", "ranks");
+    let config = run_config(
+        &dir,
+        "[slo]\nwindow_ms = 500\nlearn_windows = 3\nwarmup_iterations = 5\n",
+    );
     let rank = "import ctypes, os, time\n\
                 lib = ctypes.PyDLL(os.environ['CUDA_INJECTION64_PATH'])\n\
                 lib.slo_probe_step_begin.argtypes = [ctypes.c_uint64]\n\
@@ -51,9 +67,7 @@ fn a_launcher_with_two_ranks_gets_one_report_with_both() {
         .expect("slo-probe run");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    let r: RunReport =
-        serde_json::from_slice(&std::fs::read(dir.join("ranks.json")).expect("report"))
-            .expect("parses");
+    let r = report(&dir, "ranks");
     assert_eq!(
         r.state.processes.len(),
         2,
@@ -121,25 +135,10 @@ fn real_torchrun_with_two_ranks_on_the_cpu() {
         eprintln!("skipped: no torchrun with PyTorch on PATH (scripts/torchrun-check makes one)");
         return;
     }
-    let dir = std::env::temp_dir().join(format!("slo-probe-torchrun-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let config = dir.join("run.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[prometheus]\nlisten = \"{}\"\n[shim]\nlibrary = {:?}\n[gpu]\nnvml = false\n\
-             [agent]\ntick_ms = 200\n[heal]\njournal = {:?}\njobs_dir = {:?}\n",
-            free_addr(),
-            artefact("libslo_probe_cupti.so", "slo-probe-cupti"),
-            dir.join("heal.jsonl"),
-            dir.join("jobs")
-        ),
-    )
-    .expect("config");
+    let dir = tempdir("run", "torchrun");
+    let config = run_config(&dir, "");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/train_ddp.py");
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = is_root();
     let mut cmd = Command::new(artefact("slo-probe", "slo-probe"));
     cmd.current_dir(&dir)
         .args(["run", "-o", "torchrun", "--config"]);
@@ -166,9 +165,7 @@ fn real_torchrun_with_two_ranks_on_the_cpu() {
         .expect("slo-probe run");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    let r: RunReport =
-        serde_json::from_slice(&std::fs::read(dir.join("torchrun.json")).expect("report"))
-            .expect("parses");
+    let r = report(&dir, "torchrun");
     assert_eq!(
         r.state.processes.len(),
         2,

@@ -2,7 +2,6 @@
 //! its core/benches/pipeline.rs drove them. Built by bench/pipeline-ab inside that tree.
 use slo_probe_common::{AnyRecord, RecordIter};
 use slo_probe_core::{gputrace::TraceAssembler, occupancy::SmLimits, slo::{SloEngine, SloSpec}};
-use std::time::Instant;
 fn pipeline(bytes: &[u8]) -> u64 {
     let mut asm = TraceAssembler::new();
     asm.set_limits(SmLimits::for_capability(9, 0));
@@ -23,13 +22,4 @@ fn pipeline(bytes: &[u8]) -> u64 {
     engine.advance(last_ts + 1_000_000_000);
     taken + engine.snapshot().windows
 }
-fn main() {
-    let a: Vec<String> = std::env::args().collect();
-    let bytes = std::fs::read(&a[1]).unwrap();
-    let runs: usize = a.get(2).map_or(20, |s| s.parse().unwrap());
-    let mut v = vec![];
-    let mut x = 0;
-    for _ in 0..runs { let t = Instant::now(); x += pipeline(&bytes); v.push(t.elapsed().as_secs_f64()); }
-    v.sort_by(f64::total_cmp);
-    println!("base median {:.2} ms min {:.2} ms ({x})", v[v.len()/2]*1e3, v[0]*1e3);
-}
+const LABEL: &str = "base";

@@ -2,7 +2,6 @@
 //! bench/pipeline-ab inside the tree under test.
 use slo_probe_common::{AnyRecord, RecordIter};
 use slo_probe_core::{occupancy::SmLimits, pipeline::{PipelineSettings, ProcessPipeline}, slo::SloSpec};
-use std::time::Instant;
 fn pipeline(bytes: &[u8]) -> u64 {
     let mut settings = PipelineSettings::live(SloSpec { window_ms: 1000, ..SloSpec::default() }, 0);
     settings.settle_ns = 50_000_000;
@@ -21,13 +20,4 @@ fn pipeline(bytes: &[u8]) -> u64 {
     let s = p.snapshot();
     s.iterations_total + s.slo.map_or(0, |t| t.windows)
 }
-fn main() {
-    let a: Vec<String> = std::env::args().collect();
-    let bytes = std::fs::read(&a[1]).unwrap();
-    let runs: usize = a.get(2).map_or(20, |s| s.parse().unwrap());
-    let mut v = vec![];
-    let mut x = 0;
-    for _ in 0..runs { let t = Instant::now(); x += pipeline(&bytes); v.push(t.elapsed().as_secs_f64()); }
-    v.sort_by(f64::total_cmp);
-    println!("head median {:.2} ms min {:.2} ms ({x})", v[v.len()/2]*1e3, v[0]*1e3);
-}
+const LABEL: &str = "head";

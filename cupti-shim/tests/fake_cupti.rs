@@ -181,24 +181,7 @@ fn no_cupti_call_without_a_cuda_driver() {
         .spawn()
         .expect("child");
     let deadline = Instant::now() + Duration::from_secs(30);
-    let stream = loop {
-        match listener.accept() {
-            Ok((s, _)) => break s,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                assert!(Instant::now() < deadline, "the shim never registered");
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => panic!("accept: {e}"),
-        }
-    };
-    stream.set_nonblocking(false).expect("blocking");
-    let (hello, fd) = recv_with_fd(&stream);
-    let hello = ShimHello::from_bytes(&hello).expect("a hello of this ring version");
-    let len = hello.ring_len as usize;
-    // SAFETY: the shim's memfd, `len` bytes long.
-    let base = unsafe { slo_probe_common::host::map_shared(fd.as_raw_fd(), len) }.expect("mmap");
-    // SAFETY: mapped for the rest of the test (never unmapped).
-    let ring = unsafe { Ring::open(base.as_ptr(), len) }.expect("ring");
+    let (_stream, ring) = registered_ring(&listener, deadline);
     let out = child.wait_with_output().expect("child");
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
@@ -223,6 +206,31 @@ fn no_cupti_call_without_a_cuda_driver() {
     });
     assert_eq!(ends, 20, "step ends in the ring");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Plays the agent's side of a registration: the shim's connection on `listener` (before
+/// `deadline`), its hello, and its ring mapped (for the rest of the test). The connection is
+/// returned so that it stays open.
+fn registered_ring(listener: &UnixListener, deadline: Instant) -> (UnixStream, Ring) {
+    let stream = loop {
+        match listener.accept() {
+            Ok((s, _)) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(Instant::now() < deadline, "the shim never registered");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    };
+    stream.set_nonblocking(false).expect("blocking");
+    let (hello, fd) = recv_with_fd(&stream);
+    let hello = ShimHello::from_bytes(&hello).expect("a hello of this ring version");
+    let len = hello.ring_len as usize;
+    // SAFETY: the shim's memfd, `len` bytes long.
+    let base = unsafe { slo_probe_common::host::map_shared(fd.as_raw_fd(), len) }.expect("mmap");
+    // SAFETY: mapped for the rest of the test (never unmapped).
+    let ring = unsafe { Ring::open(base.as_ptr(), len) }.expect("ring");
+    (stream, ring)
 }
 
 fn compiler() -> Option<String> {
@@ -309,24 +317,7 @@ fn depth_control_loop_against_a_fake_cupti() {
         .spawn()
         .expect("child");
     let deadline = Instant::now() + Duration::from_secs(30);
-    let stream = loop {
-        match listener.accept() {
-            Ok((s, _)) => break s,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                assert!(Instant::now() < deadline, "the shim never registered");
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => panic!("accept: {e}"),
-        }
-    };
-    stream.set_nonblocking(false).expect("blocking");
-    let (hello, fd) = recv_with_fd(&stream);
-    let hello = ShimHello::from_bytes(&hello).expect("a hello of this ring version");
-    let len = hello.ring_len as usize;
-    // SAFETY: the shim's memfd, `len` bytes long.
-    let base = unsafe { slo_probe_common::host::map_shared(fd.as_raw_fd(), len) }.expect("mmap");
-    // SAFETY: mapped for the rest of the test (never unmapped).
-    let ring = unsafe { Ring::open(base.as_ptr(), len) }.expect("ring");
+    let (_stream, ring) = registered_ring(&listener, deadline);
     let mut buf = vec![0u8; 1 << 16];
     let (mut depths, mut step_ends) = (Vec::<Depth>::new(), Vec::<u64>::new());
     let mut asked = false;
