@@ -88,6 +88,8 @@ pub struct Optional {
     pub flush_period: Option<FlushPeriodFn>,
     /// Activity attributes (the device buffer's size).
     pub set_attribute: Option<SetAttributeFn>,
+    /// `cuptiActivityGetAttribute`, same signature: what CUPTI has set.
+    pub get_attribute: Option<SetAttributeFn>,
 }
 
 /// The address of `name` in `handle`, if it has it.
@@ -112,6 +114,9 @@ impl Optional {
                 .map(|p| unsafe { std::mem::transmute::<*mut c_void, FlushPeriodFn>(p) }),
             // SAFETY: as above.
             set_attribute: find(c"cuptiActivitySetAttribute")
+                .map(|p| unsafe { std::mem::transmute::<*mut c_void, SetAttributeFn>(p) }),
+            // SAFETY: as above.
+            get_attribute: find(c"cuptiActivityGetAttribute")
                 .map(|p| unsafe { std::mem::transmute::<*mut c_void, SetAttributeFn>(p) }),
         }
     }

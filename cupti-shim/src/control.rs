@@ -300,7 +300,25 @@ impl Shim {
     /// Moves CUPTI to what `c.planner` wants now and stamps the change. Returns the plan's
     /// wake time.
     pub(crate) fn apply_plan(&self, api: &Cupti, c: &mut Control, o: &Observed) -> Option<u64> {
+        let was_held = c.planner.held();
         let plan = c.planner.plan(o);
+        if c.planner.held() != was_held {
+            let n = self.counters.holds.fetch_add(1, Ordering::Relaxed);
+            if self.log || n < 4 {
+                if was_held {
+                    say!(
+                        "kernel tracing duty-cycled again: the GPU runs {:.1} ms behind its launches",
+                        o.gpu_lag_ns as f64 / 1e6
+                    );
+                } else {
+                    say!(
+                        "kernel tracing held on: the GPU runs {:.1} ms behind its launches, and \
+                         switching kernel activity off under a deep queue loses records",
+                        o.gpu_lag_ns as f64 / 1e6
+                    );
+                }
+            }
+        }
         let from = c.applied;
         let mut domains = from.domains;
         if plan.depth >= DEPTH_KERNELS && from.depth == DEPTH_TIMING {

@@ -107,6 +107,10 @@ pub struct Config {
     /// Kernel-launch callback domains (`SLO_PROBE_LAUNCH_DOMAIN`: auto, driver, runtime, both;
     /// default auto).
     pub domains: LaunchDomains,
+    /// Kernel tracing stays on, windows stop, while the GPU runs this far (or half a step,
+    /// whichever is longer) behind the launches (`SLO_PROBE_HOLD_LAG_MS`, default 5; 0: never).
+    /// See [`Planner`]: switching kernel activity off and on under a deep queue loses records.
+    pub hold_lag_ns: u64,
 }
 
 impl Default for Config {
@@ -123,6 +127,7 @@ impl Default for Config {
             first_window_step: 10,
             first_window_ms: 2_000,
             domains: LaunchDomains::Auto,
+            hold_lag_ns: HOLD_LAG_NS,
         }
     }
 }
@@ -161,6 +166,7 @@ impl Config {
             num("SLO_PROBE_RECORD_COST_NS", 0, 1_000_000).unwrap_or(c.record_cost_ns);
         c.first_window_step =
             num("SLO_PROBE_SAMPLE_FIRST_STEP", 0, MAX_PERIOD_STEPS).unwrap_or(c.first_window_step);
+        c.hold_lag_ns = num("SLO_PROBE_HOLD_LAG_MS", 0, 60_000).map_or(c.hold_lag_ns, |ms| ms * MS);
         if let Some(v) = get("SLO_PROBE_SAMPLE_BUDGET_PCT") {
             match v.trim().parse::<f64>() {
                 Ok(p) if p > 0.0 && p <= 100.0 => c.budget = p / 100.0,
@@ -258,6 +264,8 @@ struct Window {
     at: Observed,
     /// Opened by time (no markers).
     millis: bool,
+    /// When its steps (or its time) were done.
+    launched_at: Option<u64>,
     /// Once its steps (or its time) are done: until when it stays open for the GPU to run
     /// what they launched.
     drain_until: Option<u64>,
@@ -266,7 +274,25 @@ struct Window {
 /// The longest a window stays open after its steps for the GPU to catch up.
 pub const MAX_DRAIN_NS: u64 = 2 * SEC;
 
+/// Default of [`Config::hold_lag_ns`].
+pub const HOLD_LAG_NS: u64 = 5 * MS;
+
+/// How long the GPU lag stays under half the hold threshold before windows resume.
+pub const UNHOLD_AFTER_NS: u64 = 5 * SEC;
+
 /// The depth state machine.
+///
+/// A window raises the depth to kernels for a few steps now and then, at a period set from
+/// what the windows cost. Where the CPU runs far ahead of the GPU (a deep launch queue, as in
+/// GPU-bound training), the window that measured it does not close: kernel tracing is *held*
+/// on. Measured on the H200 (eager GPT job of the fault suite, 2026-12-02,
+/// `scripts/gpu-arrival-check`): switching `CONCURRENT_KERNEL` off and on under a 150 ms queue
+/// left every kernel record in CUPTI until the process exited (0 of 86,235 delivered live;
+/// with memcpy records off they came, but 25% carried the correlation id of the record before
+/// them), while kernels held on delivered 100% within 1 s with no repeated id. A job with a
+/// deep queue is GPU-bound, so the per-launch CPU cost of tracing is hidden behind the GPU's
+/// work. Windows resume once the lag stays under half the threshold for
+/// [`UNHOLD_AFTER_NS`].
 #[derive(Debug)]
 pub struct Planner {
     cfg: Config,
@@ -286,6 +312,14 @@ pub struct Planner {
     /// Current period (steps, or ms in time mode); 0 until known.
     period: u64,
     windows: u64,
+    /// Kernel tracing held on (a deep launch queue); since when the lag has been low.
+    held: Option<Held>,
+}
+
+/// Kernel tracing held on: since when, and since when the lag has stayed low.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    low_since: Option<u64>,
 }
 
 impl Planner {
@@ -306,7 +340,25 @@ impl Planner {
             quiet_since: None,
             period,
             windows: 0,
+            held: None,
         }
+    }
+
+    /// Whether kernel tracing is held on because the GPU runs far behind the launches.
+    pub fn held(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// The lag from which kernel tracing is held on: the configured one, or half a step.
+    fn hold_threshold(&self) -> Option<u64> {
+        (self.cfg.hold_lag_ns > 0).then(|| {
+            let half_step = if self.millis {
+                0
+            } else {
+                self.step_ns.map_or(0, |s| (s / 2.0) as u64)
+            };
+            self.cfg.hold_lag_ns.max(half_step)
+        })
     }
 
     /// The configuration.
@@ -351,7 +403,7 @@ impl Planner {
 
     /// Where the shim publishes its duty cycle (depth and reason filled by the caller).
     pub fn published(&self) -> ShimDepth {
-        let sampling = self.sampling();
+        let sampling = self.sampling() && self.held.is_none();
         let (window, period) = match (sampling, self.millis) {
             (false, _) => (0, 0),
             (true, true) => (self.cfg.window_ms, self.period),
@@ -453,6 +505,32 @@ impl Planner {
         }
         self.quiet_since = Some(*o);
         self.schedule_next(o, Some(&w.at));
+        // A window held open long (waiting for its records) still leaves half a period quiet.
+        let half = self.period / 2;
+        self.next = match self.next {
+            Some(Next::Step(n)) => Some(Next::Step(n.max(o.steps + half))),
+            Some(Next::Ns(t)) => Some(Next::Ns(t.max(o.now_ns + half * MS))),
+            None => None,
+        };
+    }
+
+    /// While held: resumes windows once the lag has stayed under half the threshold for
+    /// [`UNHOLD_AFTER_NS`].
+    fn update_hold(&mut self, mut h: Held, o: &Observed) {
+        let low = self.hold_threshold().is_none_or(|t| o.gpu_lag_ns < t / 2);
+        h.low_since = if low {
+            h.low_since.or(Some(o.now_ns))
+        } else {
+            None
+        };
+        if h.low_since.is_some_and(|t| o.now_ns >= t + UNHOLD_AFTER_NS) {
+            self.held = None;
+            self.quiet_since = Some(*o);
+            self.window_cost_ns = None;
+            self.schedule_next(o, None);
+        } else {
+            self.held = Some(h);
+        }
     }
 
     /// The depth wanted now.
@@ -480,23 +558,42 @@ impl Planner {
             .map_or(0, |r| r.depth)
             .max(self.script.map_or(0, |r| r.depth));
         if self.sampling() {
-            if let Some(mut w) = self.window {
+            if let Some(h) = self.held {
+                self.update_hold(h, o);
+            } else if let Some(mut w) = self.window {
                 let launched = if w.millis {
                     o.now_ns >= w.at.now_ns + self.cfg.window_ms * MS
                 } else {
                     // W complete steps: the step running when the window opened is not one.
                     o.steps > w.at.steps + self.cfg.window_steps
                 };
-                // Then the GPU runs what they launched.
-                if launched && w.drain_until.is_none() {
+                // Then the GPU runs what they launched. The lag is read from the window's own
+                // records where a threshold needs it: until one arrives (at most
+                // MAX_DRAIN_NS), the window stays open.
+                let measured = o.kernel_records > w.at.kernel_records
+                    || self.hold_threshold().is_none()
+                    || w.launched_at.is_some_and(|t| o.now_ns >= t + MAX_DRAIN_NS);
+                if launched && w.launched_at.is_none() {
+                    w.launched_at = Some(o.now_ns);
+                    self.window = Some(w);
+                }
+                if launched && measured && w.drain_until.is_none() {
                     w.drain_until = Some(o.now_ns + o.gpu_lag_ns.min(MAX_DRAIN_NS));
                     self.window = Some(w);
                 }
                 let done = w.drain_until.is_some_and(|t| o.now_ns >= t);
+                let deep = self
+                    .hold_threshold()
+                    .is_some_and(|t| o.gpu_lag_ns >= t && o.kernel_records > w.at.kernel_records);
                 if requested > DEPTH_TIMING {
                     // A request took over: this window measures nothing.
                     self.window = None;
                     self.schedule_next(o, Some(&w.at));
+                } else if launched && measured && deep {
+                    // A deep queue: switching kernel activity off would strand records.
+                    self.window = None;
+                    self.next = None;
+                    self.held = Some(Held { low_since: None });
                 } else if done {
                     self.close_window(w, o);
                 }
@@ -520,6 +617,7 @@ impl Planner {
                     self.window = Some(Window {
                         at: *o,
                         millis: self.millis,
+                        launched_at: None,
                         drain_until: None,
                     });
                     self.windows += 1;
@@ -529,7 +627,7 @@ impl Planner {
         let candidates = [
             (self.cfg.base, Reason::Default),
             (
-                if self.window.is_some() {
+                if self.window.is_some() || (self.held.is_some() && self.sampling()) {
                     DEPTH_KERNELS
                 } else {
                     DEPTH_TIMING
@@ -553,7 +651,10 @@ impl Planner {
             // The first step marker switches sampling to steps at once.
             at_step(1);
         }
-        if self.sampling() {
+        if self.sampling() && self.held.is_some() {
+            // Held: look at the lag again now and then.
+            at_ns(o.now_ns + SEC);
+        } else if self.sampling() {
             match (self.window, self.next) {
                 (
                     Some(Window {
@@ -783,29 +884,121 @@ mod tests {
         assert!(job.sampled > 3_000, "{} sampled steps", job.sampled);
     }
 
-    /// A GPU-bound job whose CPU runs 150 ms ahead of the GPU (five 30 ms steps, as an eager
-    /// transformer on the H200): a window stays open after its steps until the GPU ran what
-    /// they launched, and no longer than that; the budget still holds.
+    /// A job whose CPU runs 3 ms ahead of its 30 ms steps (under the hold threshold): a
+    /// window stays open after its steps until the GPU ran what they launched, and no longer
+    /// than that; a lag beyond MAX_DRAIN_NS is capped.
     #[test]
     fn a_window_stays_open_until_the_gpu_ran_its_steps() {
+        let cfg = Config {
+            hold_lag_ns: 0,
+            ..Config::default()
+        };
         let mut job = Job::new(30 * MS, 190);
         job.o.gpu_lag_ns = 150 * MS;
-        let mut p = Planner::new(Config::default(), job.o.now_ns);
+        let mut p = Planner::new(cfg.clone(), job.o.now_ns);
         let changes = run(&mut job, &mut p, 20_000);
         assert_eq!(changes[0], (10, DEPTH_KERNELS));
         // Six step ends, then five more steps (150 ms) for the queue to drain.
         assert_eq!(changes[1], (21, DEPTH_TIMING));
         let share = job.extra_ns as f64 / (job.total_ns - job.extra_ns) as f64;
         assert!(share <= 0.005, "overhead {share:.4} over budget");
-        // A lag beyond MAX_DRAIN_NS is capped.
         let mut job = Job::new(30 * MS, 190);
         job.o.gpu_lag_ns = 60 * SEC;
-        let mut p = Planner::new(Config::default(), job.o.now_ns);
+        let mut p = Planner::new(cfg, job.o.now_ns);
         let changes = run(&mut job, &mut p, 200);
         let open = changes[1].0 - changes[0].0;
         assert!(
             open <= 6 + MAX_DRAIN_NS / (30 * MS) + 1,
             "open for {open} steps"
+        );
+    }
+
+    /// The eager transformer of the fault suite on the H200: 30 ms steps, the GPU 150 ms behind
+    /// the launches. The first window measures the lag and kernel tracing stays on (no switch
+    /// off under the queue); when the job turns launch-bound (lag 0.2 ms), windows resume
+    /// after UNHOLD_AFTER_NS, and the duty cycle keeps its budget.
+    #[test]
+    fn a_deep_queue_holds_kernel_tracing_on_until_it_drains() {
+        let mut job = Job::new(30 * MS, 190);
+        job.o.gpu_lag_ns = 150 * MS;
+        let mut p = Planner::new(Config::default(), job.o.now_ns);
+        let changes = run(&mut job, &mut p, 2_000);
+        assert_eq!(
+            changes,
+            vec![(10, DEPTH_KERNELS)],
+            "switched under the queue"
+        );
+        assert!(p.held());
+        let pub_ = p.published();
+        assert_eq!((pub_.window, pub_.period), (0, 0), "held is not sampling");
+        // The lag of a launch-bound phase: duty-cycled again 5 s later.
+        job.o.gpu_lag_ns = 200_000;
+        let at = job.o.steps;
+        let changes = run(&mut job, &mut p, 3_000);
+        assert!(!p.held());
+        let (off, depth) = changes[0];
+        assert_eq!(depth, DEPTH_TIMING);
+        let waited = (off - at) * 30 * MS;
+        assert!(
+            (UNHOLD_AFTER_NS..UNHOLD_AFTER_NS + 2 * SEC).contains(&waited),
+            "released after {waited} ns"
+        );
+        assert!(changes.len() > 4, "windows resumed: {changes:?}");
+    }
+
+    /// The lag only counts once the window's own kernel records arrived: a window whose
+    /// records have not come back yet stays open (at most MAX_DRAIN_NS past its steps) instead
+    /// of switching off on a stale lag of 0.
+    #[test]
+    fn a_window_waits_for_its_records_before_judging_the_queue() {
+        let mut p = Planner::new(Config::default(), SEC);
+        let mut o = Observed {
+            now_ns: SEC,
+            ..Default::default()
+        };
+        let step = |o: &mut Observed, records: u64| {
+            o.now_ns += 30 * MS;
+            o.steps += 1;
+            o.last_step_ns = o.now_ns;
+            o.kernel_records += records;
+        };
+        for _ in 0..10 {
+            step(&mut o, 0);
+            p.plan(&o);
+        }
+        assert_eq!(p.plan(&o).depth, DEPTH_KERNELS);
+        // Its six steps end with no record back yet and no lag known: still open.
+        for _ in 0..8 {
+            step(&mut o, 0);
+            assert_eq!(p.plan(&o).depth, DEPTH_KERNELS);
+        }
+        // Its records arrive and say the GPU is 150 ms behind: held.
+        o.gpu_lag_ns = 150 * MS;
+        step(&mut o, 900);
+        assert_eq!(p.plan(&o).depth, DEPTH_KERNELS);
+        assert!(p.held());
+        // No record at all for MAX_DRAIN_NS: judged on what is known (lag 0), the window
+        // drains and closes.
+        let mut p = Planner::new(Config::default(), SEC);
+        let mut o = Observed {
+            now_ns: SEC,
+            ..Default::default()
+        };
+        let mut depths = Vec::new();
+        for _ in 0..120 {
+            step(&mut o, 0);
+            depths.push(p.plan(&o).depth);
+        }
+        assert!(!p.held());
+        // The first window: from its opening to its first switch off.
+        let on = depths
+            .iter()
+            .skip_while(|&&d| d != DEPTH_KERNELS)
+            .take_while(|&&d| d == DEPTH_KERNELS)
+            .count() as u64;
+        assert!(
+            (6..=6 + MAX_DRAIN_NS / (30 * MS) + 2).contains(&on),
+            "{on} steps at kernels"
         );
     }
 
@@ -962,6 +1155,7 @@ mod tests {
         o.now_ns += 100 * MS;
         o.callback_ns += 5_000 * 700;
         o.kernel_launches += 5_000;
+        o.kernel_records += 5_000;
         let plan = p.plan(&o);
         assert_eq!(plan.depth, DEPTH_TIMING);
         let pub_ = p.published();

@@ -10,6 +10,10 @@
 //!   no per-kernel launch callbacks, except in duty-cycled sample windows: every `period` steps
 //!   (or ms without step markers) the shim goes to depth 1 for `window` steps (or ms), with the
 //!   period set from the cost the shim measures on itself (`SLO_PROBE_SAMPLE_*` override it).
+//!   Where the GPU runs far behind the launches (a deep queue: a GPU-bound job), the first
+//!   window that measures it stays open: kernel tracing is held on, since switching it off
+//!   under a deep queue stranded every kernel record in CUPTI on the H200 (`depth::Planner`,
+//!   `SLO_PROBE_HOLD_LAG_MS`).
 //! - depth 1, *kernels*: `CONCURRENT_KERNEL` and kernel-launch callbacks (launch time, operator
 //!   context, thread) in the API domains that match kernel records (`SLO_PROBE_LAUNCH_DOMAIN`).
 //! - depth 2, *nodes*: depth 1 with graph-level tracing off, so that graph replays produce one
@@ -107,9 +111,20 @@ const BUFFER_POOL: usize = 8;
 /// buffers and however often the shim's own default flush ran (gpt eager, 2026-12-01: 5
 /// buffers completed in 155 s, 47,062 records of one 40 s cut all at the exit flush). A
 /// continuous CUPTI profiler (parcagpu) sets a period too.
+///
+/// The period was not the cause (2026-12-02, `scripts/gpu-arrival-check` on the fault suite's
+/// eager GPT job, 60 s each): with the period, per-thread buffers on (CUDA 13's default) or off,
+/// a 256 KiB device buffer, or 8 KiB buffers, 0–20 kernel records of ~50,000–86,000 reached
+/// the shim before the exit flush. What stranded them was switching `CONCURRENT_KERNEL` off and
+/// on while the GPU ran 150 ms behind the launches: held on (`SLO_PROBE_DEPTH=1`) every
+/// record came within 1 s (lag p50 0.12 s) with no repeated correlation id. The planner now
+/// holds kernel tracing on under a deep queue (`depth::Planner`). A synthetic loop
+/// (`scripts/gpu-buffer-check`) did not show the stall in any variant.
 const FLUSH_PERIOD_MS: u32 = 250;
 /// `CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE`.
 const ATTR_DEVICE_BUFFER_SIZE: u32 = 0;
+/// `CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER` (CUDA 12.3 on; a `uint8_t`).
+const ATTR_PER_THREAD_ACTIVITY_BUFFER: u32 = 9;
 
 /// How activity buffers are sized, reused and flushed (see [`Shim::buffers_cfg`]).
 #[derive(Clone, Copy, Debug)]
@@ -122,6 +137,8 @@ pub(crate) struct BufferCfg {
     pub flush_period_ms: u32,
     /// `CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE` in bytes where set; else CUPTI's default.
     pub device_buffer: Option<usize>,
+    /// `CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER` where set; else CUPTI's default.
+    pub per_thread: Option<bool>,
 }
 
 impl BufferCfg {
@@ -144,6 +161,7 @@ impl BufferCfg {
                 .map_or(FLUSH_PERIOD_MS, |ms| ms.min(60_000)),
             device_buffer: number("SLO_PROBE_DEVICE_BUFFER_KIB")
                 .map(|kib| kib.clamp(64, 1 << 20) << 10),
+            per_thread: var("SLO_PROBE_PER_THREAD_BUFFERS").map(|v| v == "1"),
         }
     }
 }
@@ -238,6 +256,8 @@ struct Counters {
     incomplete_records: AtomicU64,
     /// Forced flushes at the end of sampled windows.
     forced_flushes: AtomicU64,
+    /// Times kernel tracing was held on or released (see `depth::Planner`).
+    holds: AtomicU64,
     /// See `Tally::corr_repeats`.
     corr_repeats: AtomicU64,
 }
@@ -622,6 +642,43 @@ impl Shim {
             if r != CUPTI_SUCCESS {
                 say!(
                     "cuptiActivitySetAttribute(DEVICE_BUFFER_SIZE, {bytes}) failed: {}",
+                    api.describe(r)
+                );
+            }
+        }
+        if env_flag("SLO_PROBE_SHIM_LOG") {
+            if let Some(f) = api.optional.get_attribute {
+                let mut value = 0u8;
+                let mut size = std::mem::size_of::<u8>();
+                // SAFETY: valid pointers to a uint8_t and its size.
+                let r = unsafe {
+                    f(
+                        ATTR_PER_THREAD_ACTIVITY_BUFFER,
+                        &mut size,
+                        (&raw mut value).cast::<c_void>(),
+                    )
+                };
+                say!(
+                    "CUPTI per-thread activity buffers: {value} (read: {}), flush period {} ms",
+                    api.describe(r),
+                    cfg.flush_period_ms
+                );
+            }
+        }
+        if let (Some(on), Some(f)) = (cfg.per_thread, api.optional.set_attribute) {
+            let mut value = u8::from(on);
+            let mut size = std::mem::size_of::<u8>();
+            // SAFETY: valid pointers to a uint8_t and its size.
+            let r = unsafe {
+                f(
+                    ATTR_PER_THREAD_ACTIVITY_BUFFER,
+                    &mut size,
+                    (&raw mut value).cast::<c_void>(),
+                )
+            };
+            if r != CUPTI_SUCCESS {
+                say!(
+                    "cuptiActivitySetAttribute(PER_THREAD_ACTIVITY_BUFFER, {on}) failed: {}",
                     api.describe(r)
                 );
             }
@@ -1400,6 +1457,7 @@ pub unsafe extern "C" fn slo_probe_debug_counters(out: *mut u64, n: usize) -> us
             r(&c.incomplete_records),
             r(&c.forced_flushes),
             r(&c.corr_repeats),
+            r(&c.holds),
         ];
         if !out.is_null() {
             for (i, v) in all.iter().enumerate().take(n) {
@@ -1442,6 +1500,7 @@ mod tests {
         assert!(cfg.reuse && !cfg.forced_flush);
         assert_eq!(cfg.flush_period_ms, FLUSH_PERIOD_MS);
         assert_eq!(cfg.device_buffer, None);
+        assert_eq!(cfg.per_thread, None);
     }
 
     #[test]

@@ -311,6 +311,9 @@ fn depth_control_loop_against_a_fake_cupti() {
         .env("SLO_PROBE_SAMPLE_EVERY", "30")
         .env("SLO_PROBE_SAMPLE_STEPS", "3")
         .env("SLO_PROBE_RING_MB", "4")
+        // The fake delivers no kernel record: windows close on their steps, not held open for
+        // a lag they never measure (the hold is the planner's unit tests').
+        .env("SLO_PROBE_HOLD_LAG_MS", "0")
         .env_remove("SLO_PROBE_DEPTH")
         .env_remove("SLO_PROBE_DIAGNOSTIC")
         .stdout(Stdio::piped())

@@ -251,6 +251,7 @@ DEBUG_COUNTERS = (
     "corr_hits_runtime", "launch_domains", "depth_changes", "toggle_ns", "sample_windows",
     "callback_ns", "sampled_steps", "incomplete_records", "forced_flushes",
     "corr_repeats",
+    "holds",
 )
 
 
