@@ -111,6 +111,10 @@ pub struct Config {
     /// whichever is longer) behind the launches (`SLO_PROBE_HOLD_LAG_MS`, default 5; 0: never).
     /// See [`Planner`]: switching kernel activity off and on under a deep queue loses records.
     pub hold_lag_ns: u64,
+    /// The hold ends when its estimated cost (callbacks plus `record_cost_ns` per launch) passes
+    /// this share of wall time (`SLO_PROBE_HOLD_MAX_PCT`, default 3 %); no new hold for
+    /// [`NO_HOLD_AFTER_COST_NS`] then.
+    pub hold_max_share: f64,
 }
 
 impl Default for Config {
@@ -128,6 +132,7 @@ impl Default for Config {
             first_window_ms: 2_000,
             domains: LaunchDomains::Auto,
             hold_lag_ns: HOLD_LAG_NS,
+            hold_max_share: 0.03,
         }
     }
 }
@@ -167,6 +172,12 @@ impl Config {
         c.first_window_step =
             num("SLO_PROBE_SAMPLE_FIRST_STEP", 0, MAX_PERIOD_STEPS).unwrap_or(c.first_window_step);
         c.hold_lag_ns = num("SLO_PROBE_HOLD_LAG_MS", 0, 60_000).map_or(c.hold_lag_ns, |ms| ms * MS);
+        if let Some(v) = get("SLO_PROBE_HOLD_MAX_PCT") {
+            match v.trim().parse::<f64>() {
+                Ok(p) if p > 0.0 && p <= 100.0 => c.hold_max_share = p / 100.0,
+                _ => bad.push(("SLO_PROBE_HOLD_MAX_PCT".into(), v)),
+            }
+        }
         if let Some(v) = get("SLO_PROBE_SAMPLE_BUDGET_PCT") {
             match v.trim().parse::<f64>() {
                 Ok(p) if p > 0.0 && p <= 100.0 => c.budget = p / 100.0,
@@ -280,6 +291,11 @@ pub const HOLD_LAG_NS: u64 = 5 * MS;
 /// How long the GPU lag stays under half the hold threshold before windows resume.
 pub const UNHOLD_AFTER_NS: u64 = 5 * SEC;
 
+/// How often a hold's cost is judged.
+pub const HOLD_COST_EVERY_NS: u64 = 2 * SEC;
+/// See [`Config::hold_max_share`].
+pub const NO_HOLD_AFTER_COST_NS: u64 = 600 * SEC;
+
 /// The depth state machine.
 ///
 /// A window raises the depth to kernels for a few steps now and then, at a period set from
@@ -312,14 +328,18 @@ pub struct Planner {
     /// Current period (steps, or ms in time mode); 0 until known.
     period: u64,
     windows: u64,
-    /// Kernel tracing held on (a deep launch queue); since when the lag has been low.
+    /// Kernel tracing held on (a deep launch queue).
     held: Option<Held>,
+    /// No hold before this time (one cost too much).
+    no_hold_until: u64,
 }
 
-/// Kernel tracing held on: since when, and since when the lag has stayed low.
+/// Kernel tracing held on: since when the lag has stayed low, and where its cost is measured
+/// from.
 #[derive(Clone, Copy, Debug)]
 struct Held {
     low_since: Option<u64>,
+    cost_from: Observed,
 }
 
 impl Planner {
@@ -341,6 +361,7 @@ impl Planner {
             period,
             windows: 0,
             held: None,
+            no_hold_until: 0,
         }
     }
 
@@ -351,7 +372,7 @@ impl Planner {
 
     /// The lag from which kernel tracing is held on: the configured one, or half a step.
     fn hold_threshold(&self) -> Option<u64> {
-        (self.cfg.hold_lag_ns > 0).then(|| {
+        (self.cfg.hold_lag_ns > 0 && self.cfg.hold_max_share > 0.0).then(|| {
             let half_step = if self.millis {
                 0
             } else {
@@ -523,7 +544,22 @@ impl Planner {
         } else {
             None
         };
-        if h.low_since.is_some_and(|t| o.now_ns >= t + UNHOLD_AFTER_NS) {
+        let mut costly = false;
+        let wall = o.now_ns.saturating_sub(h.cost_from.now_ns);
+        if wall >= HOLD_COST_EVERY_NS {
+            let f = &h.cost_from;
+            let cost = o.callback_ns.saturating_sub(f.callback_ns) as f64
+                + o.kernel_launches.saturating_sub(f.kernel_launches) as f64
+                    * self.cfg.record_cost_ns as f64;
+            costly = cost / wall as f64 > self.cfg.hold_max_share;
+            h.cost_from = *o;
+        }
+        if costly {
+            // Held on, it would cost the job more than it may: back to the duty cycle, whose
+            // records may be lost under the queue, rather than slow the job.
+            self.no_hold_until = o.now_ns + NO_HOLD_AFTER_COST_NS;
+        }
+        if costly || h.low_since.is_some_and(|t| o.now_ns >= t + UNHOLD_AFTER_NS) {
             self.held = None;
             self.quiet_since = Some(*o);
             self.window_cost_ns = None;
@@ -582,9 +618,10 @@ impl Planner {
                     self.window = Some(w);
                 }
                 let done = w.drain_until.is_some_and(|t| o.now_ns >= t);
-                let deep = self
-                    .hold_threshold()
-                    .is_some_and(|t| o.gpu_lag_ns >= t && o.kernel_records > w.at.kernel_records);
+                let deep = o.now_ns >= self.no_hold_until
+                    && self.hold_threshold().is_some_and(|t| {
+                        o.gpu_lag_ns >= t && o.kernel_records > w.at.kernel_records
+                    });
                 if requested > DEPTH_TIMING {
                     // A request took over: this window measures nothing.
                     self.window = None;
@@ -593,7 +630,10 @@ impl Planner {
                     // A deep queue: switching kernel activity off would strand records.
                     self.window = None;
                     self.next = None;
-                    self.held = Some(Held { low_since: None });
+                    self.held = Some(Held {
+                        low_since: None,
+                        cost_from: *o,
+                    });
                 } else if done {
                     self.close_window(w, o);
                 }
@@ -785,6 +825,13 @@ mod tests {
         assert_eq!(c.base, DEPTH_NODES);
         let (c, _) = Config::from_env(env(&[("SLO_PROBE_SAMPLE", "0")]));
         assert!(!c.sampling);
+        let (c, bad) = Config::from_env(env(&[
+            ("SLO_PROBE_HOLD_LAG_MS", "20"),
+            ("SLO_PROBE_HOLD_MAX_PCT", "-1"),
+        ]));
+        assert_eq!(c.hold_lag_ns, 20 * MS);
+        assert!((c.hold_max_share - 0.03).abs() < 1e-12);
+        assert_eq!(bad.len(), 1);
     }
 
     /// A simulated launch-bound job: 400 kernels per 8 ms step; with kernels traced each launch
@@ -944,6 +991,34 @@ mod tests {
             "released after {waited} ns"
         );
         assert!(changes.len() > 4, "windows resumed: {changes:?}");
+    }
+
+    /// A hold that would cost more than `hold_max_share` (400 launches per 8 ms step with a deep
+    /// queue: ~10% estimated) ends after its first cost check, and none starts again for
+    /// NO_HOLD_AFTER_COST_NS: the job is not slowed to keep records.
+    #[test]
+    fn a_costly_hold_ends_and_the_duty_cycle_keeps_its_budget() {
+        let mut job = Job::new(8 * MS, 400);
+        job.o.gpu_lag_ns = 150 * MS;
+        let mut p = Planner::new(Config::default(), job.o.now_ns);
+        run(&mut job, &mut p, 20);
+        assert!(p.held());
+        run(&mut job, &mut p, 400);
+        assert!(!p.held(), "held at ~10% cost");
+        let before = job.extra_ns;
+        let (t0, w0) = (job.total_ns, p.windows());
+        run(&mut job, &mut p, 50_000);
+        assert!(!p.held());
+        // Each window drains the 150 ms queue (19 more steps): a period of ~630 steps.
+        assert!(
+            p.windows() > w0 + 50,
+            "windows: {w0} then {}, {:?}",
+            p.windows(),
+            p.published()
+        );
+        let share =
+            (job.extra_ns - before) as f64 / (job.total_ns - t0 - (job.extra_ns - before)) as f64;
+        assert!(share <= 0.005, "overhead {share:.4} after the hold");
     }
 
     /// The lag only counts once the window's own kernel records arrived: a window whose
