@@ -739,13 +739,12 @@ fn busy_neighbours_on_the_main_threads_cpu_are_healed() {
     if !root_or_skip("healing: busy neighbours") {
         return;
     }
-    // Five: the healer's first strategy for run-queue wait on the main thread is a Thompson
-    // draw (seeded by the job's pid) over deadline-aware and neighbour isolation, each mild or
-    // strong. Deadline-aware cannot beat three spinning neighbours; after it the next trial
-    // comes ~15 s later (clean-clone CI, 2026-12-02, all 3 attempts drew it first: mild
-    // isolation kept at +19.8%; SRT 62.7 s; SRT 33.0 s). A product weakness (issue 14), not VM
-    // noise: the retries only keep it from deciding CI alone.
-    up_to(5, "healing: busy neighbours", busy_neighbours);
+    // Up to three. Until 2026-12-02 the healer's first strategy here was a Thompson draw
+    // (seeded by the job's pid) over deadline-aware and neighbour isolation, and deadline-aware
+    // cannot beat three spinning neighbours (clean-clone CI: all 3 attempts drew it first). Now
+    // untried arms go in policy order and run-queue wait on the main thread lists neighbour
+    // isolation first.
+    up_to_three_times("healing: busy neighbours", busy_neighbours);
 }
 
 fn busy_neighbours(attempt: u32) {

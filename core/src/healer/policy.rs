@@ -34,8 +34,8 @@ pub struct PolicyRule {
     pub dimension: String,
     /// Host cause: a [`HostCause`] name (`runqueue-main`, `throttling`, `none`, ...) or `*`.
     pub host: String,
-    /// Strategies to try, in no particular order (the tuner chooses), at most
-    /// [`MAX_CANDIDATES`].
+    /// Strategies to try, in order of preference, at most [`MAX_CANDIDATES`]: each is tried
+    /// once in this order (mild, then strong) before the tuner samples among them.
     pub candidates: Vec<Strategy>,
 }
 
@@ -111,9 +111,11 @@ pub fn default_rules() -> Vec<PolicyRule> {
     use Strategy::*;
     let any = |host: HostCause, c: &[Strategy]| rule("*", "*", host, c);
     vec![
+        // Neighbours first where the config allows touching them (else it is unavailable and
+        // skipped): a job's own priority cannot beat busy neighbours on its CPUs.
         any(
             H::RunqueueMain,
-            &[DeadlineAware, NumaPinning, NeighborIsolation],
+            &[NeighborIsolation, DeadlineAware, NumaPinning],
         ),
         any(H::Throttling, &[NeighborIsolation]),
         any(
@@ -228,9 +230,9 @@ mod tests {
         assert_eq!(
             r.candidates,
             vec![
+                Strategy::NeighborIsolation,
                 Strategy::DeadlineAware,
-                Strategy::NumaPinning,
-                Strategy::NeighborIsolation
+                Strategy::NumaPinning
             ]
         );
         let (_, r) =
