@@ -606,8 +606,10 @@ impl Planner {
                 // Then the GPU runs what they launched. The lag is read from the window's own
                 // records where a threshold needs it: until one arrives (at most
                 // MAX_DRAIN_NS), the window stays open.
-                let measured = o.kernel_records > w.at.kernel_records
-                    || self.hold_threshold().is_none()
+                let threshold = self.hold_threshold();
+                let arrived = o.kernel_records > w.at.kernel_records;
+                let measured = arrived
+                    || threshold.is_none()
                     || w.launched_at.is_some_and(|t| o.now_ns >= t + MAX_DRAIN_NS);
                 if launched && w.launched_at.is_none() {
                     w.launched_at = Some(o.now_ns);
@@ -618,10 +620,9 @@ impl Planner {
                     self.window = Some(w);
                 }
                 let done = w.drain_until.is_some_and(|t| o.now_ns >= t);
-                let deep = o.now_ns >= self.no_hold_until
-                    && self.hold_threshold().is_some_and(|t| {
-                        o.gpu_lag_ns >= t && o.kernel_records > w.at.kernel_records
-                    });
+                let deep = arrived
+                    && o.now_ns >= self.no_hold_until
+                    && threshold.is_some_and(|t| o.gpu_lag_ns >= t);
                 if requested > DEPTH_TIMING {
                     // A request took over: this window measures nothing.
                     self.window = None;

@@ -629,16 +629,7 @@ impl Shim {
             }
         }
         if let (Some(bytes), Some(f)) = (cfg.device_buffer, api.optional.set_attribute) {
-            let mut value = bytes;
-            let mut size = std::mem::size_of::<usize>();
-            // SAFETY: valid pointers to a size_t and its size.
-            let r = unsafe {
-                f(
-                    ATTR_DEVICE_BUFFER_SIZE,
-                    &mut size,
-                    (&raw mut value).cast::<c_void>(),
-                )
-            };
+            let r = attribute(f, ATTR_DEVICE_BUFFER_SIZE, bytes).0;
             if r != CUPTI_SUCCESS {
                 say!(
                     "cuptiActivitySetAttribute(DEVICE_BUFFER_SIZE, {bytes}) failed: {}",
@@ -648,16 +639,7 @@ impl Shim {
         }
         if env_flag("SLO_PROBE_SHIM_LOG") {
             if let Some(f) = api.optional.get_attribute {
-                let mut value = 0u8;
-                let mut size = std::mem::size_of::<u8>();
-                // SAFETY: valid pointers to a uint8_t and its size.
-                let r = unsafe {
-                    f(
-                        ATTR_PER_THREAD_ACTIVITY_BUFFER,
-                        &mut size,
-                        (&raw mut value).cast::<c_void>(),
-                    )
-                };
+                let (r, value) = attribute(f, ATTR_PER_THREAD_ACTIVITY_BUFFER, 0u8);
                 say!(
                     "CUPTI per-thread activity buffers: {value} (read: {}), flush period {} ms",
                     api.describe(r),
@@ -666,16 +648,7 @@ impl Shim {
             }
         }
         if let (Some(on), Some(f)) = (cfg.per_thread, api.optional.set_attribute) {
-            let mut value = u8::from(on);
-            let mut size = std::mem::size_of::<u8>();
-            // SAFETY: valid pointers to a uint8_t and its size.
-            let r = unsafe {
-                f(
-                    ATTR_PER_THREAD_ACTIVITY_BUFFER,
-                    &mut size,
-                    (&raw mut value).cast::<c_void>(),
-                )
-            };
+            let r = attribute(f, ATTR_PER_THREAD_ACTIVITY_BUFFER, u8::from(on)).0;
             if r != CUPTI_SUCCESS {
                 say!(
                     "cuptiActivitySetAttribute(PER_THREAD_ACTIVITY_BUFFER, {on}) failed: {}",
@@ -728,6 +701,16 @@ impl Shim {
     fn tracing(&self) -> bool {
         self.activity_on.load(Ordering::Acquire)
     }
+}
+
+/// Calls `cuptiActivitySetAttribute` or `cuptiActivityGetAttribute` (`f`) for `attr` with
+/// `value` (a `size_t` or `uint8_t`, as the attribute takes): the result and the value after the
+/// call (what CUPTI read back, for a get).
+fn attribute<T: Copy>(f: api::SetAttributeFn, attr: u32, mut value: T) -> (api::CuptiResult, T) {
+    let mut size = std::mem::size_of::<T>();
+    // SAFETY: valid pointers to a `T` and its size; CUPTI writes at most `size` bytes.
+    let r = unsafe { f(attr, &mut size, (&raw mut value).cast::<c_void>()) };
+    (r, value)
 }
 
 /// Counts of one completed buffer, added to the shared counters once (no shared write per
