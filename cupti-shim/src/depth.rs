@@ -115,6 +115,11 @@ pub struct Config {
     /// this share of wall time (`SLO_PROBE_HOLD_MAX_PCT`, default 3 %); no new hold for
     /// [`NO_HOLD_AFTER_COST_NS`] then.
     pub hold_max_share: f64,
+    /// Kernel tracing is on from the start and stays on until the queue is known
+    /// (`SLO_PROBE_HOLD_AT_START`, default 1; 0: the first window opens at
+    /// `first_window_step`). See [`Planner`]: even the first switch on under a deep queue
+    /// strands the records.
+    pub hold_at_start: bool,
 }
 
 impl Default for Config {
@@ -133,6 +138,7 @@ impl Default for Config {
             domains: LaunchDomains::Auto,
             hold_lag_ns: HOLD_LAG_NS,
             hold_max_share: 0.03,
+            hold_at_start: true,
         }
     }
 }
@@ -192,6 +198,13 @@ impl Config {
             match parse_depth(&v) {
                 Some(d) => c.base = d,
                 None => bad.push(("SLO_PROBE_DEPTH".into(), v)),
+            }
+        }
+        if let Some(v) = get("SLO_PROBE_HOLD_AT_START") {
+            match v.trim() {
+                "0" => c.hold_at_start = false,
+                "1" => c.hold_at_start = true,
+                _ => bad.push(("SLO_PROBE_HOLD_AT_START".into(), v)),
             }
         }
         if let Some(v) = get("SLO_PROBE_SAMPLE") {
@@ -295,6 +308,9 @@ pub const UNHOLD_AFTER_NS: u64 = 5 * SEC;
 pub const HOLD_COST_EVERY_NS: u64 = 2 * SEC;
 /// See [`Config::hold_max_share`].
 pub const NO_HOLD_AFTER_COST_NS: u64 = 600 * SEC;
+/// A hold under which kernels are launched but no record comes back for this long ends (it
+/// costs and delivers nothing), and no hold starts for [`NO_HOLD_AFTER_COST_NS`].
+pub const NO_RECORDS_NS: u64 = 30 * SEC;
 
 /// The depth state machine.
 ///
@@ -309,6 +325,15 @@ pub const NO_HOLD_AFTER_COST_NS: u64 = 600 * SEC;
 /// deep queue is GPU-bound, so the per-launch CPU cost of tracing is hidden behind the GPU's
 /// work. Windows resume once the lag stays under half the threshold for
 /// [`UNHOLD_AFTER_NS`].
+///
+/// The hold also starts with tracing ([`Config::hold_at_start`]): on the same job the shim as
+/// first shipped (2026-12-02, second run) opened its first window at step 10, under the queue,
+/// and 28 of 221,997 kernel records came back live; kernels on from the start (before the
+/// job's first launch) delivered all of them. A launch-bound job ends that opening hold at its
+/// first cost check (2 s), a shallow queue after [`UNHOLD_AFTER_NS`]; the first window then
+/// comes `first_window_step` steps (or `first_window_ms`) later. A window whose launches bring
+/// no record back within [`MAX_DRAIN_NS`] is treated as a deep queue too (held, not switched
+/// off again), and a hold that brings no record back for [`NO_RECORDS_NS`] ends.
 #[derive(Debug)]
 pub struct Planner {
     cfg: Config,
@@ -340,6 +365,10 @@ pub struct Planner {
 struct Held {
     low_since: Option<u64>,
     cost_from: Observed,
+    /// When the hold began.
+    from: Observed,
+    /// The opening hold (from the start, nothing measured yet).
+    opening: bool,
 }
 
 impl Planner {
@@ -347,6 +376,15 @@ impl Planner {
     pub fn new(cfg: Config, now_ns: u64) -> Self {
         let next = Some(Next::Ns(now_ns + cfg.first_window_ms * MS));
         let period = cfg.every_ms.unwrap_or(0);
+        let start = Observed {
+            now_ns,
+            ..Observed::default()
+        };
+        let opening = cfg.hold_at_start
+            && cfg.sampling
+            && cfg.base == DEPTH_TIMING
+            && cfg.hold_lag_ns > 0
+            && cfg.hold_max_share > 0.0;
         Self {
             cfg,
             agent: None,
@@ -360,7 +398,12 @@ impl Planner {
             quiet_since: None,
             period,
             windows: 0,
-            held: None,
+            held: opening.then_some(Held {
+                low_since: None,
+                cost_from: start,
+                from: start,
+                opening: true,
+            }),
             no_hold_until: 0,
         }
     }
@@ -538,7 +581,9 @@ impl Planner {
     /// While held: resumes windows once the lag has stayed under half the threshold for
     /// [`UNHOLD_AFTER_NS`].
     fn update_hold(&mut self, mut h: Held, o: &Observed) {
-        let low = self.hold_threshold().is_none_or(|t| o.gpu_lag_ns < t / 2);
+        // The lag counts once records came back under the hold.
+        let back = o.kernel_records > h.from.kernel_records;
+        let low = back && self.hold_threshold().is_none_or(|t| o.gpu_lag_ns < t / 2);
         h.low_since = if low {
             h.low_since.or(Some(o.now_ns))
         } else {
@@ -554,16 +599,28 @@ impl Planner {
             costly = cost / wall as f64 > self.cfg.hold_max_share;
             h.cost_from = *o;
         }
-        if costly {
-            // Held on, it would cost the job more than it may: back to the duty cycle, whose
-            // records may be lost under the queue, rather than slow the job.
+        let barren = !back
+            && o.kernel_launches > h.from.kernel_launches
+            && o.now_ns >= h.from.now_ns + NO_RECORDS_NS;
+        if (costly && !h.opening) || barren {
+            // Held on, it would cost the job more than it may (or it brings nothing back):
+            // back to the duty cycle, whose records may be lost under the queue, rather than
+            // slow the job.
             self.no_hold_until = o.now_ns + NO_HOLD_AFTER_COST_NS;
         }
-        if costly || h.low_since.is_some_and(|t| o.now_ns >= t + UNHOLD_AFTER_NS) {
+        if costly || barren || h.low_since.is_some_and(|t| o.now_ns >= t + UNHOLD_AFTER_NS) {
             self.held = None;
             self.quiet_since = Some(*o);
             self.window_cost_ns = None;
             self.schedule_next(o, None);
+            if h.opening {
+                // The first window comes as if tracing started now.
+                self.next = Some(if self.millis {
+                    Next::Ns(o.now_ns + self.cfg.first_window_ms * MS)
+                } else {
+                    Next::Step(o.steps + self.cfg.first_window_step.max(1))
+                });
+            }
         } else {
             self.held = Some(h);
         }
@@ -620,9 +677,13 @@ impl Planner {
                     self.window = Some(w);
                 }
                 let done = w.drain_until.is_some_and(|t| o.now_ns >= t);
-                let deep = arrived
-                    && o.now_ns >= self.no_hold_until
-                    && threshold.is_some_and(|t| o.gpu_lag_ns >= t);
+                // Launches whose records did not come back within MAX_DRAIN_NS: a queue deeper
+                // than that, or records stranded by the switch; switching again strands more.
+                let stuck = !arrived
+                    && o.kernel_launches > w.at.kernel_launches
+                    && w.launched_at.is_some_and(|t| o.now_ns >= t + MAX_DRAIN_NS);
+                let deep = o.now_ns >= self.no_hold_until
+                    && threshold.is_some_and(|t| (arrived && o.gpu_lag_ns >= t) || stuck);
                 if requested > DEPTH_TIMING {
                     // A request took over: this window measures nothing.
                     self.window = None;
@@ -634,6 +695,8 @@ impl Planner {
                     self.held = Some(Held {
                         low_since: None,
                         cost_from: *o,
+                        from: *o,
+                        opening: false,
                     });
                 } else if done {
                     self.close_window(w, o);
@@ -829,16 +892,27 @@ mod tests {
         let (c, bad) = Config::from_env(env(&[
             ("SLO_PROBE_HOLD_LAG_MS", "20"),
             ("SLO_PROBE_HOLD_MAX_PCT", "-1"),
+            ("SLO_PROBE_HOLD_AT_START", "no"),
         ]));
         assert_eq!(c.hold_lag_ns, 20 * MS);
         assert!((c.hold_max_share - 0.03).abs() < 1e-12);
-        assert_eq!(bad.len(), 1);
+        assert!(c.hold_at_start);
+        assert_eq!(bad.len(), 2);
+        let (c, _) = Config::from_env(env(&[("SLO_PROBE_HOLD_AT_START", "0")]));
+        assert!(!c.hold_at_start);
+    }
+
+    /// Windows only: no hold at the start.
+    fn windows_first() -> Config {
+        Config {
+            hold_at_start: false,
+            ..Config::default()
+        }
     }
 
     /// A simulated launch-bound job: 400 kernels per 8 ms step; with kernels traced each launch
     /// costs the shim 0.7 µs in its callback and CUPTI 1.5 µs (≈ +11% per step, as measured on
-    /// the H200). The planner keeps the average under the 0.5% budget, opens the first window
-    /// at step 10, and samples regularly.
+    /// the H200). The planner keeps the average under the 0.5% budget and samples regularly.
     struct Job {
         o: Observed,
         step_ns: u64,
@@ -914,6 +988,7 @@ mod tests {
     fn launch_bound_job_stays_within_budget() {
         let mut job = Job::new(8 * MS, 400);
         let mut p = Planner::new(Config::default(), job.o.now_ns);
+        assert_eq!(p.plan(&job.o).depth, DEPTH_KERNELS, "traced from the start");
         let changes = run(&mut job, &mut p, 100_000);
         let share = job.extra_ns as f64 / (job.total_ns - job.extra_ns) as f64;
         assert!(share <= 0.005, "overhead {share:.4} over budget");
@@ -921,9 +996,17 @@ mod tests {
             share >= 0.003,
             "overhead {share:.4}: sampling far less than the budget allows"
         );
-        // The first window opens at step 10 and lasts 5 complete steps (6 step ends).
-        assert_eq!(changes[0], (10, DEPTH_KERNELS));
-        assert_eq!(changes[1], (16, DEPTH_TIMING));
+        // The opening hold ends at its first cost check (2 s of ~8.8 ms steps); the first
+        // window opens 10 steps later and lasts 5 complete steps (6 step ends).
+        let (off, depth) = changes[0];
+        assert_eq!(depth, DEPTH_TIMING);
+        assert!(
+            (220..=232).contains(&off),
+            "opening hold ended at step {off}"
+        );
+        assert_eq!(changes[1], (off + 10, DEPTH_KERNELS));
+        assert_eq!(changes[2], (off + 16, DEPTH_TIMING));
+        assert!(!p.held());
         // Windows keep coming: one every ~165 steps (6 traced steps × 0.88 ms / (80% of 0.5% ×
         // 8 ms)).
         let pub_ = p.published();
@@ -962,20 +1045,29 @@ mod tests {
     }
 
     /// The eager transformer of the fault suite on the H200: 30 ms steps, the GPU 150 ms behind
-    /// the launches. The first window measures the lag and kernel tracing stays on (no switch
-    /// off under the queue); when the job turns launch-bound (lag 0.2 ms), windows resume
-    /// after UNHOLD_AFTER_NS, and the duty cycle keeps its budget.
+    /// the launches. Kernel tracing is on from the start and stays on (no switch under the
+    /// queue); when the job turns launch-bound (lag 0.2 ms), windows resume after
+    /// UNHOLD_AFTER_NS, and the duty cycle keeps its budget. Without the opening hold, the
+    /// first window measures the lag and holds.
     #[test]
     fn a_deep_queue_holds_kernel_tracing_on_until_it_drains() {
         let mut job = Job::new(30 * MS, 190);
         job.o.gpu_lag_ns = 150 * MS;
-        let mut p = Planner::new(Config::default(), job.o.now_ns);
+        let mut p = Planner::new(windows_first(), job.o.now_ns);
         let changes = run(&mut job, &mut p, 2_000);
         assert_eq!(
             changes,
             vec![(10, DEPTH_KERNELS)],
             "switched under the queue"
         );
+        assert!(p.held());
+        let mut job = Job::new(30 * MS, 190);
+        job.o.gpu_lag_ns = 150 * MS;
+        let mut p = Planner::new(Config::default(), job.o.now_ns);
+        assert_eq!(p.plan(&job.o).depth, DEPTH_KERNELS);
+        let changes = run(&mut job, &mut p, 2_000);
+        assert_eq!(changes, vec![], "switched under the queue");
+        assert_eq!(job.sampled, 2_000);
         assert!(p.held());
         let pub_ = p.published();
         assert_eq!((pub_.window, pub_.period), (0, 0), "held is not sampling");
@@ -1001,7 +1093,7 @@ mod tests {
     fn a_costly_hold_ends_and_the_duty_cycle_keeps_its_budget() {
         let mut job = Job::new(8 * MS, 400);
         job.o.gpu_lag_ns = 150 * MS;
-        let mut p = Planner::new(Config::default(), job.o.now_ns);
+        let mut p = Planner::new(windows_first(), job.o.now_ns);
         run(&mut job, &mut p, 20);
         assert!(p.held());
         run(&mut job, &mut p, 400);
@@ -1027,7 +1119,7 @@ mod tests {
     /// of switching off on a stale lag of 0.
     #[test]
     fn a_window_waits_for_its_records_before_judging_the_queue() {
-        let mut p = Planner::new(Config::default(), SEC);
+        let mut p = Planner::new(windows_first(), SEC);
         let mut o = Observed {
             now_ns: SEC,
             ..Default::default()
@@ -1053,9 +1145,9 @@ mod tests {
         step(&mut o, 900);
         assert_eq!(p.plan(&o).depth, DEPTH_KERNELS);
         assert!(p.held());
-        // No record at all for MAX_DRAIN_NS: judged on what is known (lag 0), the window
-        // drains and closes.
-        let mut p = Planner::new(Config::default(), SEC);
+        // No record at all for MAX_DRAIN_NS, and nothing launched: judged on what is known
+        // (lag 0), the window drains and closes.
+        let mut p = Planner::new(windows_first(), SEC);
         let mut o = Observed {
             now_ns: SEC,
             ..Default::default()
@@ -1078,6 +1170,78 @@ mod tests {
         );
     }
 
+    /// Launches whose records never come back: a window that waited MAX_DRAIN_NS for them
+    /// holds (switching again strands more); a hold that brings nothing back for NO_RECORDS_NS
+    /// ends, the opening one too, and no hold starts for NO_HOLD_AFTER_COST_NS.
+    #[test]
+    fn launches_without_records_hold_then_give_up() {
+        let step = |o: &mut Observed, depth: u32| {
+            o.now_ns += 30 * MS;
+            o.steps += 1;
+            o.last_step_ns = o.now_ns;
+            if depth >= DEPTH_KERNELS {
+                o.kernel_launches += 190;
+            }
+        };
+        let mut o = Observed {
+            now_ns: SEC,
+            ..Default::default()
+        };
+        let mut p = Planner::new(windows_first(), o.now_ns);
+        let mut depth = p.plan(&o).depth;
+        let mut held_at = None;
+        for i in 0..3_000 {
+            step(&mut o, depth);
+            depth = p.plan(&o).depth;
+            if p.held() && held_at.is_none() {
+                held_at = Some(i);
+            }
+        }
+        // Window at step 10, six step ends, then MAX_DRAIN_NS (67 steps) of waiting.
+        let at = held_at.expect("held");
+        assert!((80..=90).contains(&at), "held at step {at}");
+        assert!(!p.held(), "still held without records");
+        assert!(p.no_hold_until > o.now_ns, "a new hold may start");
+        // The opening hold gives up the same way.
+        let mut o = Observed {
+            now_ns: SEC,
+            ..Default::default()
+        };
+        let mut p = Planner::new(Config::default(), o.now_ns);
+        let mut depth = p.plan(&o).depth;
+        let mut released = None;
+        for i in 0..3_000 {
+            step(&mut o, depth);
+            depth = p.plan(&o).depth;
+            if !p.held() && released.is_none() {
+                released = Some(i);
+            }
+        }
+        let at = released.expect("released");
+        let t = NO_RECORDS_NS / (30 * MS);
+        assert!((t - 2..=t + 40).contains(&at), "released at step {at}");
+    }
+
+    /// A shallow queue (0.2 ms) that costs little: the opening hold ends after UNHOLD_AFTER_NS,
+    /// and the first window comes 10 steps later.
+    #[test]
+    fn a_shallow_queue_ends_the_opening_hold() {
+        let mut job = Job::new(10 * MS, 100);
+        job.o.gpu_lag_ns = 200_000;
+        let mut p = Planner::new(Config::default(), job.o.now_ns);
+        let changes = run(&mut job, &mut p, 2_000);
+        let (off, depth) = changes[0];
+        assert_eq!(depth, DEPTH_TIMING);
+        // Steps of ~10.2 ms.
+        let steps = UNHOLD_AFTER_NS / (10 * MS);
+        assert!(
+            (steps * 9 / 10..=steps + 30).contains(&off),
+            "opening hold ended at step {off}"
+        );
+        assert_eq!(changes[1], (off + 10, DEPTH_KERNELS));
+        assert!(!p.held());
+    }
+
     #[test]
     fn gpu_bound_and_cheap_jobs_sample_more_often_but_not_faster_than_a_second() {
         // 100 kernels per 10 ms step: cost ~2% per traced step.
@@ -1097,7 +1261,7 @@ mod tests {
     fn fixed_period_from_env() {
         let cfg = Config {
             every_steps: Some(50),
-            ..Config::default()
+            ..windows_first()
         };
         let mut job = Job::new(8 * MS, 400);
         let mut p = Planner::new(cfg, job.o.now_ns);
@@ -1156,7 +1320,7 @@ mod tests {
     #[test]
     fn a_request_during_a_window_takes_over_without_measuring() {
         let mut job = Job::new(8 * MS, 400);
-        let mut p = Planner::new(Config::default(), job.o.now_ns);
+        let mut p = Planner::new(windows_first(), job.o.now_ns);
         run(&mut job, &mut p, 12);
         assert_eq!(p.plan(&job.o).reason, Reason::Sample);
         p.request(
@@ -1174,7 +1338,7 @@ mod tests {
     fn a_window_due_during_a_request_opens_when_it_ends() {
         let cfg = Config {
             every_steps: Some(50),
-            ..Config::default()
+            ..windows_first()
         };
         let mut job = Job::new(8 * MS, 400);
         let mut p = Planner::new(cfg, job.o.now_ns);
@@ -1219,7 +1383,7 @@ mod tests {
             now_ns: SEC,
             ..Default::default()
         };
-        let mut p = Planner::new(Config::default(), o.now_ns);
+        let mut p = Planner::new(windows_first(), o.now_ns);
         let plan = p.plan(&o);
         assert_eq!(plan.depth, DEPTH_TIMING);
         assert_eq!(plan.wake_ns, Some(3 * SEC));

@@ -10,10 +10,11 @@
 //!   no per-kernel launch callbacks, except in duty-cycled sample windows: every `period` steps
 //!   (or ms without step markers) the shim goes to depth 1 for `window` steps (or ms), with the
 //!   period set from the cost the shim measures on itself (`SLO_PROBE_SAMPLE_*` override it).
-//!   Where the GPU runs far behind the launches (a deep queue: a GPU-bound job), the first
-//!   window that measures it stays open: kernel tracing is held on, since switching it off
-//!   under a deep queue stranded every kernel record in CUPTI on the H200 (`depth::Planner`,
-//!   `SLO_PROBE_HOLD_LAG_MS`).
+//!   Where the GPU runs far behind the launches (a deep queue: a GPU-bound job), kernel
+//!   tracing is held on, since switching it on or off under a deep queue stranded every
+//!   kernel record in CUPTI on the H200; the hold starts with tracing and ends once the queue
+//!   is known to be shallow or the hold costly (`depth::Planner`, `SLO_PROBE_HOLD_LAG_MS`,
+//!   `SLO_PROBE_HOLD_AT_START`).
 //! - depth 1, *kernels*: `CONCURRENT_KERNEL` and kernel-launch callbacks (launch time, operator
 //!   context, thread) in the API domains that match kernel records (`SLO_PROBE_LAUNCH_DOMAIN`).
 //! - depth 2, *nodes*: depth 1 with graph-level tracing off, so that graph replays produce one
