@@ -471,6 +471,17 @@ fn classify(
             };
             (Dimension::MemoryBandwidth, detail)
         }
+        // More kernels per iteration (an operator doing more work): its time-weighted
+        // occupancy follows the mix of kernels, not a launch configuration (on the H200 a
+        // module repeating its matmuls read as occupancy 35% → 26%).
+        _ if per(n.count, nn) > 1.2 * per(b.count, nb) && b.count > 0 => (
+            Dimension::Execution,
+            format!(
+                "{:.0} → {:.0} kernels per iteration, {longer}",
+                per(b.count, nb),
+                per(n.count, nn)
+            ),
+        ),
         _ => match (b.occupancy(), n.occupancy()) {
             (Some(x), Some(y)) if y < x * 0.85 => (
                 Dimension::Occupancy,
@@ -643,6 +654,23 @@ mod tests {
             ("b", Dimension::Occupancy)
         );
         assert!(top.detail.contains("100% → 25%"), "{}", top.detail);
+        // Twice the kernels per iteration with a lower occupancy mix: more work, execution.
+        let mut now = profile(
+            50,
+            &[("a", C, 1_000_000, 0, 1.0), ("b", C, 5_000_000, 0, 0.5)],
+            100_000,
+        );
+        now.ops.get_mut(&OpName(Arc::from("b"))).expect("b").count *= 2;
+        let top = attribute(&base, &now).expect("a").causes[0].clone();
+        assert_eq!(
+            (top.op.as_str(), top.dimension),
+            ("b", Dimension::Execution)
+        );
+        assert!(
+            top.detail.contains("2 → 4 kernels per iteration"),
+            "{}",
+            top.detail
+        );
     }
 
     #[test]
