@@ -474,7 +474,7 @@ fn classify(
         // More kernels per iteration (an operator doing more work): its time-weighted
         // occupancy follows the mix of kernels, not a launch configuration (on the H200 a
         // module repeating its matmuls read as occupancy 35% → 26%).
-        _ if per(n.count, nn) > 1.2 * per(b.count, nb) && b.count > 0 => (
+        _ if b.count > 0 && per(n.count, nn) > 1.2 * per(b.count, nb) => (
             Dimension::Execution,
             format!(
                 "{:.0} → {:.0} kernels per iteration, {longer}",

@@ -376,16 +376,7 @@ impl Planner {
     pub fn new(cfg: Config, now_ns: u64) -> Self {
         let next = Some(Next::Ns(now_ns + cfg.first_window_ms * MS));
         let period = cfg.every_ms.unwrap_or(0);
-        let start = Observed {
-            now_ns,
-            ..Observed::default()
-        };
-        let opening = cfg.hold_at_start
-            && cfg.sampling
-            && cfg.base == DEPTH_TIMING
-            && cfg.hold_lag_ns > 0
-            && cfg.hold_max_share > 0.0;
-        Self {
+        let mut p = Self {
             cfg,
             agent: None,
             script: None,
@@ -398,14 +389,22 @@ impl Planner {
             quiet_since: None,
             period,
             windows: 0,
-            held: opening.then_some(Held {
+            held: None,
+            no_hold_until: 0,
+        };
+        if p.cfg.hold_at_start && p.sampling() && p.hold_threshold().is_some() {
+            let start = Observed {
+                now_ns,
+                ..Observed::default()
+            };
+            p.held = Some(Held {
                 low_since: None,
                 cost_from: start,
                 from: start,
                 opening: true,
-            }),
-            no_hold_until: 0,
+            });
         }
+        p
     }
 
     /// Whether kernel tracing is held on because the GPU runs far behind the launches.
@@ -612,7 +611,6 @@ impl Planner {
             self.held = None;
             self.quiet_since = Some(*o);
             self.window_cost_ns = None;
-            self.schedule_next(o, None);
             if h.opening {
                 // The first window comes as if tracing started now.
                 self.next = Some(if self.millis {
@@ -620,6 +618,8 @@ impl Planner {
                 } else {
                     Next::Step(o.steps + self.cfg.first_window_step.max(1))
                 });
+            } else {
+                self.schedule_next(o, None);
             }
         } else {
             self.held = Some(h);
