@@ -37,6 +37,19 @@ pub const DRIVER_GRAPH_CBIDS: [u32; 2] = [514, 515];
 /// Graph launches: cudaGraphLaunch(_ptsz).
 pub const RUNTIME_GRAPH_CBIDS: [u32; 2] = [311, 312];
 
+/// Runtime copies and fills, traced whenever memcpy/memset activity is on (a few calls a step)
+/// so that their activity records carry the thread's operator (`data_to_device: memcpy HtoD`):
+/// cudaMemcpy, cudaMemcpy2D, cudaMemcpyAsync, cudaMemcpy2DAsync, cudaMemset, cudaMemsetAsync,
+/// cudaMemcpyPeerAsync, and their per-thread-stream variants. Driver-level copies (no runtime
+/// call above them) keep the bare `memcpy HtoD` name.
+pub const RUNTIME_COPY_CBIDS: [u32; 13] =
+    [31, 32, 41, 44, 49, 51, 161, 215, 216, 225, 228, 233, 235];
+
+/// Whether a runtime callback id is a copy or fill (`RUNTIME_COPY_CBIDS`).
+pub fn is_copy(domain: u32, cbid: u32) -> bool {
+    domain == DOMAIN_RUNTIME && RUNTIME_COPY_CBIDS.contains(&cbid)
+}
+
 /// Whether a launch callback id is a graph launch.
 pub fn is_graph_launch(domain: u32, cbid: u32) -> bool {
     match domain {

@@ -6,7 +6,8 @@
 //! step time by default) also on launch-bound jobs:
 //! - depth 0, *timing* (always on): step markers, CUDA-graph launches at graph level
 //!   (`GRAPH_TRACE`, with a callback on graph-launch ids only, for their launch time),
-//!   memcpy and memset (`SLO_PROBE_MEM_ACTIVITY=0` turns them off). No per-kernel activity and
+//!   memcpy and memset with a callback on the runtime copy and fill calls for their operator
+//!   (`SLO_PROBE_MEM_ACTIVITY=0` turns them off). No per-kernel activity and
 //!   no per-kernel launch callbacks, except in duty-cycled sample windows: every `period` steps
 //!   (or ms without step markers) the shim goes to depth 1 for `window` steps (or ms), with the
 //!   period set from the cost the shim measures on itself (`SLO_PROBE_SAMPLE_*` override it).
@@ -574,6 +575,13 @@ impl Shim {
                 for cbid in [CBID_GRAPHNODE_CREATED, CBID_GRAPHNODE_CLONED] {
                     (api.cuptiEnableCallback)(1, sub, DOMAIN_RESOURCE, cbid);
                 }
+                // Copies and fills name their operator at every depth (their records come
+                // at every depth).
+                if self.mem_activity {
+                    for cbid in control::RUNTIME_COPY_CBIDS {
+                        (api.cuptiEnableCallback)(1, sub, DOMAIN_RUNTIME, cbid);
+                    }
+                }
             }
             self.set_delivery(api);
             let r = (api.cuptiActivityRegisterCallbacks)(buffer_requested, buffer_completed);
@@ -864,8 +872,9 @@ unsafe extern "C" fn on_callback(_ud: *mut c_void, domain: u32, cbid: u32, data:
     });
 }
 
-/// A kernel or graph launch (API enter): stamps the launch time, the thread's operator and
-/// the thread into the correlation table, and times itself.
+/// A kernel or graph launch, or a runtime copy or fill (API enter): stamps the launch time,
+/// the thread's operator and the thread into the correlation table, and times itself. Copies
+/// count in no launch counter (the depth planner's counters are kernel and graph launches).
 fn launch_callback(s: &Shim, domain: u32, cbid: u32, data: *const c_void) {
     use cudarc::cupti::sys::CUpti_CallbackData as Cb;
     // SAFETY: for API domains CUPTI passes a CUpti_CallbackData; fields are read at the
@@ -882,13 +891,15 @@ fn launch_callback(s: &Shim, domain: u32, cbid: u32, data: *const c_void) {
     }
     let t0 = now_ns();
     let h = &s.hot;
-    let counter = match (domain, control::is_graph_launch(domain, cbid)) {
-        (DOMAIN_DRIVER, false) => &h.kernels_driver,
-        (DOMAIN_DRIVER, true) => &h.graphs_driver,
-        (_, false) => &h.kernels_runtime,
-        (_, true) => &h.graphs_runtime,
-    };
-    counter.fetch_add(1, Ordering::Relaxed);
+    if !control::is_copy(domain, cbid) {
+        let counter = match (domain, control::is_graph_launch(domain, cbid)) {
+            (DOMAIN_DRIVER, false) => &h.kernels_driver,
+            (DOMAIN_DRIVER, true) => &h.graphs_driver,
+            (_, false) => &h.kernels_runtime,
+            (_, true) => &h.graphs_runtime,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
     let slot = &s.corr[corr as usize & (CORR_SLOTS - 1)];
     // Invalidate, fill, publish: a reader that sees `corr` sees these fields.
     slot.correlation.store(0, Ordering::Relaxed);

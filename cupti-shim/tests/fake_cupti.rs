@@ -384,6 +384,11 @@ fn depth_control_loop_against_a_fake_cupti() {
         !calls[..start].contains("cb+ 2:211"),
         "kernel callbacks before a window: {calls}"
     );
+    // The runtime copies and fills are traced from the start, for their operator.
+    assert!(
+        calls[..start].contains("cb+ 2:41;") && calls[..start].contains("cb+ 2:51;"),
+        "copy callbacks: {calls}"
+    );
     // Every sample window covered 3 complete steps + the one running when it opened: 4 step
     // ends (5 when the flusher woke more than a step late, as on a loaded machine).
     let windows: Vec<(u64, u64)> = depths
