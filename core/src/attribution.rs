@@ -387,11 +387,17 @@ pub fn attribute(baseline: &Profile, now: &Profile) -> Option<Attribution> {
             .then_with(|| a.op.cmp(&b.op))
     });
     causes.retain(|c| c.delta_ns > 0.0);
-    causes.truncate(TOP);
     let mut host = causes
         .first()
-        .map(|c| host_causes(c.dimension, &baseline.host, nb, &now.host, nn))
+        .map(|c| host_causes(c.dimension, c.delta_ns, baseline, now))
         .unwrap_or_default();
+    if causes
+        .first()
+        .is_some_and(|c| c.dimension == Dimension::DataLoading)
+    {
+        late_launch_not_loading(&mut causes, &mut host, baseline, now);
+    }
+    causes.truncate(TOP);
     // A slower GPU clock lengthens every kernel: the device cause of an execution slowdown.
     if causes
         .first()
@@ -422,6 +428,54 @@ pub fn attribute(baseline: &Profile, now: &Profile) -> Option<Attribution> {
         iterations: (baseline.iterations, now.iterations),
         traced: (nb, nn),
     })
+}
+
+/// GPU idle before an iteration's first kernel grows when the data comes late, and also when
+/// the launching thread is late to launch the iteration's first work: under CUDA graphs (a few
+/// launches per step) a main thread kept off its CPU shows only there (H200, 2026-12-02: the
+/// convnet under `reduce-overhead` with busy loops on the main thread's CPU read as data
+/// loading). Where the loader threads' evidence is absent and the main threads waited for a CPU,
+/// the idle time is the launches': it moves to [`LAUNCHES_OP`] (merged with it when present),
+/// with the main threads' run-queue wait as the host cause.
+fn late_launch_not_loading(
+    causes: &mut Vec<Cause>,
+    host: &mut Vec<HostCause>,
+    baseline: &Profile,
+    now: &Profile,
+) {
+    let loader_evidence = host.iter().any(|h| {
+        h.node == runqueue_node(Role::DataLoader) || h.node == runqueue_node(Role::PinMemory)
+    });
+    if loader_evidence {
+        return;
+    }
+    let launch_host = host_causes(Dimension::LaunchLatency, causes[0].delta_ns, baseline, now);
+    if !launch_host
+        .iter()
+        .any(|h| h.node == runqueue_node(Role::Main))
+    {
+        return;
+    }
+    let idle = causes.remove(0);
+    let detail = format!("{} while the main threads waited for a CPU", idle.detail);
+    match causes.iter_mut().find(|c| c.op == LAUNCHES_OP) {
+        Some(l) => {
+            l.delta_ns += idle.delta_ns;
+            l.detail = format!("{}; {detail}", l.detail);
+        }
+        None => causes.push(Cause {
+            op: LAUNCHES_OP.to_owned(),
+            dimension: Dimension::LaunchLatency,
+            detail,
+            ..idle
+        }),
+    }
+    causes.sort_by(|a, b| {
+        b.delta_ns
+            .total_cmp(&a.delta_ns)
+            .then_with(|| a.op.cmp(&b.op))
+    });
+    *host = launch_host;
 }
 
 /// A duration in ms, for details.
@@ -510,19 +564,34 @@ pub fn runqueue_node(role: Role) -> &'static str {
     }
 }
 
-/// Host changes per iteration that go with `dimension`, largest first.
+/// Host changes per iteration that go with `dimension`, largest first. A run-queue wait counts
+/// when it grew by half again, or by at least half of `explains_ns` (the cause's delta per
+/// iteration): a thread that waited that much longer for a CPU accounts for the slowdown even
+/// where its wait was already large (H200, 2026-12-02: the launch-bound eager GPT's main
+/// threads waited 10.4 ms per 9.6 ms iteration before busy loops joined their CPU, so the
+/// first windows of the fault, +3.2 ms of launch gaps, grew it by less than half).
+///
+/// Per iteration of all the windows' iterations, traced or not: the host samples cover the
+/// windows' whole wall time (dividing by the traced ones alone inflated a window with few
+/// traced iterations: 94.5 ms of run-queue wait per 12 ms iteration on the H200 recording).
 fn host_causes(
     dimension: Dimension,
-    b: &HostDelta,
-    nb: u64,
-    n: &HostDelta,
-    nn: u64,
+    explains_ns: f64,
+    baseline: &Profile,
+    now: &Profile,
 ) -> Vec<HostCause> {
+    let (b, nb, n, nn) = (
+        &baseline.host,
+        baseline.iterations,
+        &now.host,
+        now.iterations,
+    );
     let mut out = Vec::new();
     let runq = |role: Role, out: &mut Vec<HostCause>| {
         let before = per(b.role(role).runq_ns, nb);
         let now = per(n.role(role).runq_ns, nn);
-        if now - before > 20_000.0 && now > 1.5 * before {
+        let grew = now - before;
+        if grew > 20_000.0 && (now > 1.5 * before || grew >= 0.5 * explains_ns) {
             out.push(HostCause {
                 node: runqueue_node(role),
                 what: format!(
@@ -696,6 +765,82 @@ mod tests {
             (LAUNCHES_OP, Dimension::LaunchLatency)
         );
         assert!((top.delta_ns - 2_970_000.0).abs() < 1.0, "{top:?}");
+    }
+
+    #[test]
+    fn a_large_run_queue_wait_that_grew_by_the_slowdown_is_the_host_cause() {
+        let ops = |gap| {
+            vec![
+                ("a", C, 1_000_000u64, gap, 1.0),
+                ("b", C, 1_000_000, gap, 1.0),
+                ("c", C, 1_000_000, gap, 1.0),
+            ]
+        };
+        let mut base = profile(100, &ops(10_000), 0);
+        base.host.roles[crate::host::role_index(Role::Main)].runq_ns = 10_000_000 * 100;
+        let host_of = |runq_now: u64| {
+            let mut slow = profile(100, &ops(1_010_000), 0);
+            slow.host.roles[crate::host::role_index(Role::Main)].runq_ns = runq_now * 100;
+            let a = attribute(&base, &slow).expect("a");
+            assert_eq!(a.causes[0].op, LAUNCHES_OP);
+            a.host.first().map(|h| h.node)
+        };
+        // +3 ms of launch gaps; the wait grew 10 → 13 ms (less than 1.5x, all of the slowdown).
+        assert_eq!(host_of(13_000_000), Some("host.runqueue.main"));
+        // 10 → 10.5 ms: a sixth of it, not the cause.
+        assert_eq!(host_of(10_500_000), None);
+    }
+
+    #[test]
+    fn host_waits_are_per_iteration_of_the_whole_window_not_of_the_traced_ones() {
+        let ops = |gap| {
+            vec![
+                ("a", C, 1_000_000u64, gap, 1.0),
+                ("b", C, 1_000_000, gap, 1.0),
+                ("c", C, 1_000_000, gap, 1.0),
+            ]
+        };
+        let mut base = profile(100, &ops(10_000), 0);
+        base.host.roles[crate::host::role_index(Role::Main)].runq_ns = 1_000_000 * 100;
+        // 100 iterations, 10 of them traced (a sample window), the wait unchanged per iteration.
+        let mut now = profile(10, &ops(1_510_000), 0);
+        now.iterations = 100;
+        now.wall_ns = 100 * 13_000_000;
+        now.host.roles[crate::host::role_index(Role::Main)].runq_ns = 1_100_000 * 100;
+        let a = attribute(&base, &now).expect("a");
+        assert_eq!(a.causes[0].op, LAUNCHES_OP);
+        assert!(a.host.is_empty(), "{:?}", a.host);
+    }
+
+    #[test]
+    fn idle_before_the_first_kernel_is_the_launches_when_the_main_threads_waited() {
+        let ops = [("a", C, 1_000_000u64, 0u64, 1.0)];
+        let mut base = profile(100, &ops, 200_000);
+        let mut late = profile(100, &ops, 3_000_000);
+        let runq = |p: &mut Profile, role, ns_per_iteration: u64| {
+            p.host.roles[crate::host::role_index(role)].runq_ns = ns_per_iteration * p.iterations;
+        };
+        runq(&mut base, Role::Main, 100_000);
+        runq(&mut late, Role::Main, 2_500_000);
+        let a = attribute(&base, &late).expect("a");
+        let top = a.causes[0].clone();
+        assert_eq!(
+            (top.op.as_str(), top.dimension),
+            (LAUNCHES_OP, Dimension::LaunchLatency)
+        );
+        assert!((top.delta_ns - 2_800_000.0).abs() < 1.0, "{top:?}");
+        assert!(top.detail.contains("main threads waited"), "{}", top.detail);
+        assert_eq!(a.host[0].node, "host.runqueue.main");
+        assert!(a.causes.iter().all(|c| c.op != DATA_LOADING_OP));
+        // The loader threads waited too: the data came late, whatever the main threads did.
+        runq(&mut base, Role::DataLoader, 100_000);
+        runq(&mut late, Role::DataLoader, 2_000_000);
+        let a = attribute(&base, &late).expect("a");
+        assert_eq!(
+            (a.causes[0].op.as_str(), a.causes[0].dimension),
+            (DATA_LOADING_OP, Dimension::DataLoading)
+        );
+        assert_eq!(a.host[0].node, "host.runqueue.data_loader");
     }
 
     #[test]
