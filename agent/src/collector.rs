@@ -189,7 +189,10 @@ impl Collector {
                 other => other,
             };
             match started {
-                Ok(s) => (Some(s), String::new()),
+                Ok(s) => {
+                    s.set_depth_on_demand(config.shim.depth_on_demand);
+                    (Some(s), String::new())
+                }
                 // Two agents on one socket is a configuration error: stop before the probes.
                 Err(e) if e.is_conflict() => return Err(e.into()),
                 Err(e) => {

@@ -327,6 +327,10 @@ pub struct ShimConfig {
     pub library: std::path::PathBuf,
     /// Where to record GPU records; empty: off. Default empty.
     pub record_dir: std::path::PathBuf,
+    /// Ask a process's shim for kernel (or graph-node) depth while its SLO tree breaches, and
+    /// lower it again after. Off: the shims keep their own duty cycle (an overhead benchmark
+    /// whose conditions would read as breaches). Default true.
+    pub depth_on_demand: bool,
 }
 
 impl Default for ShimConfig {
@@ -337,6 +341,7 @@ impl Default for ShimConfig {
             allowed_uids: Vec::new(),
             library: std::path::PathBuf::new(),
             record_dir: std::path::PathBuf::new(),
+            depth_on_demand: true,
         }
     }
 }

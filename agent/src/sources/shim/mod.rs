@@ -126,6 +126,8 @@ struct State {
     recorder: Option<PathBuf>,
     /// The depth last asked of each process's shim, and when.
     requested: std::collections::HashMap<u32, (u32, std::time::Instant)>,
+    /// `shim.depth_on_demand`: ask the shims for depth while their SLO trees breach.
+    depth_on_demand: bool,
 }
 
 /// How long a depth request holds in the shim (renewed while it is wanted, so a stopped agent
@@ -350,6 +352,14 @@ pub struct ShimSource {
 }
 
 impl ShimSource {
+    /// `shim.depth_on_demand`: whether breaching SLO trees raise their shims' depth (on from
+    /// the start).
+    pub fn set_depth_on_demand(&self, on: bool) {
+        if let Ok(mut s) = self.state.lock() {
+            s.depth_on_demand = on;
+        }
+    }
+
     /// Listens on `path`, accepting shims from root, the agent's own user and `allowed`, and
     /// feeds what they send into `pipelines` (one per process, made on registration).
     /// `gpu_history`: NVML's samples, so that each iteration gets what NVML saw on its GPU.
@@ -378,6 +388,7 @@ impl ShimSource {
             conns: Vec::new(),
             recorder: record_dir,
             requested: std::collections::HashMap::new(),
+            depth_on_demand: true,
         }));
         let sinks = Sinks {
             pipelines,
@@ -689,6 +700,7 @@ fn drain_all(s: &mut State, sinks: &Sinks, flush: bool) {
         conns,
         recorder,
         requested,
+        depth_on_demand,
     } = s;
     for c in conns.iter_mut() {
         let Some(p) = pipelines.get_mut(c.pid) else {
@@ -739,7 +751,11 @@ fn drain_all(s: &mut State, sinks: &Sinks, flush: bool) {
         let Some(p) = pipelines.get_mut(c.pid) else {
             continue;
         };
-        let want = p.wanted_depth();
+        let want = if *depth_on_demand {
+            p.wanted_depth()
+        } else {
+            DEPTH_TIMING
+        };
         let h = c.ring.header();
         let info = p.info_mut();
         info.depth_wanted = want;
