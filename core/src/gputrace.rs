@@ -1025,8 +1025,37 @@ impl TraceAssembler {
     /// Sorts the pending activities by anchor (cheap when they already are, as records mostly
     /// arrive in order).
     fn sort_pending(&mut self) {
-        if !self.pending.is_sorted_by_key(Activity::anchor_ns) {
-            self.pending.sort_by_key(Activity::anchor_ns);
+        if self.pending.is_sorted_by_key(Activity::anchor_ns) {
+            return;
+        }
+        // The keys are sorted, not the 80-byte activities (the stable sort moved each several
+        // times through a buffer half as large as pending: 9% of the pipeline on the H200 eager
+        // fixture). Stable too: mostly in order already, its runs are merged.
+        let mut order: Vec<(u64, u32)> = self
+            .pending
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (a.anchor_ns(), i as u32))
+            .collect();
+        order.sort_by_key(|k| k.0);
+        // Then each activity is moved once, along the cycles of the permutation: position `k`
+        // takes the activity at `order[k].1`; a position done is marked with its own index.
+        for start in 0..order.len() {
+            if order[start].1 as usize == start {
+                continue;
+            }
+            let first = self.pending[start];
+            let mut k = start;
+            loop {
+                let from = order[k].1 as usize;
+                order[k].1 = k as u32;
+                if from == start {
+                    self.pending[k] = first;
+                    break;
+                }
+                self.pending[k] = self.pending[from];
+                k = from;
+            }
         }
     }
 
@@ -1055,16 +1084,19 @@ impl TraceAssembler {
             out.push(it);
             used.push((lo, hi));
         }
-        // Keep what no window used, in order.
+        // Keep what no window used, in order, moved down in place (a new vector of what was
+        // kept came from fresh pages on each call).
         if used.iter().any(|u| u.1 > u.0) {
-            let mut keep = Vec::with_capacity(self.pending.len());
-            let mut next = 0;
+            let (mut kept, mut next) = (0, 0);
             for &(lo, hi) in &used {
-                keep.extend_from_slice(&self.pending[next..lo.max(next)]);
+                let lo = lo.max(next);
+                self.pending.copy_within(next..lo, kept);
+                kept += lo - next;
                 next = next.max(hi);
             }
-            keep.extend_from_slice(&self.pending[next..]);
-            self.pending = keep;
+            let len = self.pending.len();
+            self.pending.copy_within(next..len, kept);
+            self.pending.truncate(kept + len - next);
         }
         out
     }
