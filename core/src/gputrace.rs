@@ -994,17 +994,24 @@ impl TraceAssembler {
         // indices by a key looked up in `pending` (that indirect sort on each call was 12% of
         // the pipeline on the H200 eager fixture); pending is in launch order, which is mostly
         // start order, so the stable sort mostly merges runs.
-        let mut order: Vec<(u32, u64, u32, u64)> = self
-            .pending
-            .iter()
-            .enumerate()
-            .filter(|(_, a)| a.kind != ActivityKind::Event && a.end_ns > a.start_ns)
-            .map(|(i, a)| (a.device, a.start_ns, i as u32, a.end_ns))
-            .collect();
-        order.sort_by_key(|&(d, start, i, _)| (d, start, i));
+        // The keys are packed in one integer, device above start above position (starts are
+        // at most MAX_TS_NS < 2^64): half the size of a tuple with the end, one comparison.
+        let mut order: Vec<u128> = Vec::with_capacity(self.pending.len());
+        order.extend(
+            self.pending
+                .iter()
+                .enumerate()
+                .filter(|(_, a)| a.kind != ActivityKind::Event && a.end_ns > a.start_ns)
+                .map(|(i, a)| {
+                    (u128::from(a.device) << 96) | (u128::from(a.start_ns) << 32) | i as u128
+                }),
+        );
+        order.sort();
         let mut waited = vec![false; self.pending.len()];
         let mut busy: Option<(u32, u64)> = None;
-        for &(d, start, i, end) in &order {
+        for &k in &order {
+            let (d, start, i) = ((k >> 96) as u32, (k >> 32) as u64, k as u32);
+            let end = self.pending[i as usize].end_ns;
             match busy {
                 Some((bd, until)) if bd == d => {
                     waited[i as usize] = start > until + IDLE_BEFORE_NS;
@@ -1717,6 +1724,9 @@ impl LaunchStamps {
             self.stamps[sorted..].sort_by_key(|s| s.0);
             let first = self.stamps[sorted].0;
             let from = self.stamps[..sorted].partition_point(|s| s.0 <= first);
+            // The ordered ones before `from` are distinct: only from the last of them on can
+            // an id repeat.
+            let dedup_from = from.saturating_sub(1);
             if from < sorted {
                 let older = &mut self.merge;
                 older.clear();
@@ -1736,7 +1746,15 @@ impl LaunchStamps {
                 // The new ones left are in place already.
                 self.stamps[w..w + older.len() - i].copy_from_slice(&older[i..]);
             }
-            self.stamps.dedup_by_key(|s| s.0);
+            // Of equal ids, the first stays (as `dedup_by_key` over all of them).
+            let mut kept = dedup_from + 1;
+            for r in dedup_from + 1..self.stamps.len() {
+                if self.stamps[r].0 != self.stamps[kept - 1].0 {
+                    self.stamps[kept] = self.stamps[r];
+                    kept += 1;
+                }
+            }
+            self.stamps.truncate(kept);
         }
         if self.stamps.len() > self.most {
             self.stamps.drain(..self.stamps.len() - self.most);
