@@ -526,19 +526,46 @@ struct OpAcc {
 /// Named operators: a label and kind per index, index 0 the overflow operator.
 struct OpTable {
     by_key: FxHashMap<OpKey, u32>,
+    /// Entries of `by_key` looked up lately, by a hash of the key, one per slot ([`NO_OP`]:
+    /// none): every activity is looked up as it is summarised, and the hash map's lookups
+    /// were 7% of the pipeline on the H200 eager fixture. `by_key` only grows, so an entry
+    /// copied here stays right.
+    recent: Vec<(OpKey, u32)>,
     by_label: FxHashMap<Arc<str>, u32>,
     info: Vec<(Arc<str>, OpKind)>,
     overflowed: u64,
 }
 
+/// Slots of [`OpTable`]'s `recent` (a power of two; 16 KiB).
+const RECENT_OPS: usize = 1 << 10;
+
+/// An empty slot of [`OpTable`]'s `recent` (no operator has this index: at most [`MAX_OPS`]).
+const NO_OP: u32 = u32::MAX;
+
 impl Default for OpTable {
     fn default() -> Self {
         Self {
             by_key: FxHashMap::default(),
+            recent: vec![(OpKey::Kernel(0, 0), NO_OP); RECENT_OPS],
             by_label: FxHashMap::default(),
             info: vec![(Arc::from(OVERFLOW_OP), OpKind::Compute)],
             overflowed: 0,
         }
+    }
+}
+
+impl OpKey {
+    /// Its slot in [`OpTable`]'s `recent` (Fibonacci hashing of the fields).
+    fn slot(self) -> usize {
+        let (kind, x, y) = match self {
+            OpKey::Kernel(x, y) => (0, x, y),
+            OpKey::Graph(x, y) => (1, x, y),
+            OpKey::Memory(x, y) => (2, x, y),
+        };
+        let h = ((u64::from(x) << 32) | u64::from(y))
+            .wrapping_add(kind)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (h >> (64 - RECENT_OPS.trailing_zeros())) as usize
     }
 }
 
@@ -726,7 +753,13 @@ impl TraceAssembler {
     /// The operator index of an activity, naming the operator on first sight.
     fn op_index(&mut self, a: &Activity) -> u32 {
         let key = Self::key_of(a);
+        let slot = key.slot();
+        let (k, i) = self.table.recent[slot];
+        if k == key && i != NO_OP {
+            return i;
+        }
         if let Some(&i) = self.table.by_key.get(&key) {
+            self.table.recent[slot] = (key, i);
             return i;
         }
         // Full: a new identity goes to the overflow operator without naming it (naming
