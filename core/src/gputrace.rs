@@ -602,6 +602,9 @@ pub struct TraceAssembler {
     ops: HashMap<u32, String>,
     node_ops: FxHashMap<u64, u32>,
     pending: Vec<Activity>,
+    /// How many of the first pending activities are in anchor order (a take leaves them all
+    /// sorted; what came since is after them): only the rest is sorted on the next take.
+    pending_sorted: usize,
     steps: BTreeMap<u64, (Option<u64>, Option<u64>)>,
     marked: bool,
     next_detected: u64,
@@ -1000,6 +1003,7 @@ impl TraceAssembler {
             // Nothing completes them (no boundaries, or a step that never ends): the oldest
             // go, so that memory stays bounded.
             self.pending.drain(..MAX_PENDING / 4);
+            self.pending_sorted = self.pending_sorted.saturating_sub(MAX_PENDING / 4);
             self.capped += (MAX_PENDING / 4) as u64;
         }
         self.pending.push(a);
@@ -1063,11 +1067,13 @@ impl TraceAssembler {
                 _ => busy = Some((d, end)),
             }
         }
-        for (a, waited) in self.pending.iter_mut().zip(waited) {
+        for (i, (a, waited)) in self.pending.iter_mut().zip(waited).enumerate() {
             if !unplaced(a) {
                 continue;
             }
             if let Some((t, op)) = self.stamps.place(a.correlation_id, a.start_ns, waited) {
+                // Its anchor moves: the activities in order end before it.
+                self.pending_sorted = self.pending_sorted.min(i);
                 a.launch_ns = t;
                 a.placed = true;
                 if a.op_id == 0 {
@@ -1080,36 +1086,56 @@ impl TraceAssembler {
     /// Sorts the pending activities by anchor (cheap when they already are, as records mostly
     /// arrive in order).
     fn sort_pending(&mut self) {
-        if self.pending.is_sorted_by_key(Activity::anchor_ns) {
+        let n = self.pending.len();
+        let s = self.pending_sorted.min(n);
+        self.pending_sorted = n;
+        if self.pending[s.saturating_sub(1)..].is_sorted_by_key(Activity::anchor_ns) {
             return;
         }
         // The keys are sorted, not the 80-byte activities (the stable sort moved each several
         // times through a buffer half as large as pending: 9% of the pipeline on the H200 eager
-        // fixture). Stable too: mostly in order already, its runs are merged.
-        let mut order: Vec<(u64, u32)> = self
-            .pending
+        // fixture), and only those after the ordered ones: stable, then merged with the
+        // ordered ones from the first that goes after one of them, the ordered one first among
+        // equal anchors (its position is lower). That is the stable order by anchor.
+        let mut tail: Vec<(u64, u32)> = self.pending[s..]
             .iter()
-            .enumerate()
-            .map(|(i, a)| (a.anchor_ns(), i as u32))
+            .zip(s..)
+            .map(|(a, i)| (a.anchor_ns(), i as u32))
             .collect();
-        order.sort_by_key(|k| k.0);
-        // Then each activity is moved once, along the cycles of the permutation: position `k`
-        // takes the activity at `order[k].1`; a position done is marked with its own index.
+        tail.sort_by_key(|k| k.0);
+        let first = tail[0].0;
+        let from = self.pending[..s].partition_point(|a| a.anchor_ns() <= first);
+        let mut order: Vec<u32> = Vec::with_capacity(n - from);
+        let mut j = 0;
+        for i in from..s {
+            let key = (self.pending[i].anchor_ns(), i as u32);
+            while j < tail.len() && tail[j] < key {
+                order.push(tail[j].1);
+                j += 1;
+            }
+            order.push(i as u32);
+        }
+        order.extend(tail[j..].iter().map(|k| k.1));
+        // Then each activity is moved once, along the cycles of the permutation: position
+        // `from + k` takes the activity at `order[k]`; a position done is marked with its own
+        // index.
+        let pending = &mut self.pending[from..];
+        let from = from as u32;
         for start in 0..order.len() {
-            if order[start].1 as usize == start {
+            if order[start] - from == start as u32 {
                 continue;
             }
-            let first = self.pending[start];
+            let first = pending[start];
             let mut k = start;
             loop {
-                let from = order[k].1 as usize;
-                order[k].1 = k as u32;
-                if from == start {
-                    self.pending[k] = first;
+                let at = (order[k] - from) as usize;
+                order[k] = from + k as u32;
+                if at == start {
+                    pending[k] = first;
                     break;
                 }
-                self.pending[k] = self.pending[from];
-                k = from;
+                pending[k] = pending[at];
+                k = at;
             }
         }
     }
@@ -1152,6 +1178,12 @@ impl TraceAssembler {
             let len = self.pending.len();
             self.pending.copy_within(next..len, kept);
             self.pending.truncate(kept + len - next);
+            // What is kept keeps its order.
+            self.pending_sorted = if self.pending_sorted == len {
+                self.pending.len()
+            } else {
+                0
+            };
         }
         out
     }
@@ -1179,6 +1211,7 @@ impl TraceAssembler {
             let b = *b;
             let late = self.pending.partition_point(|a| a.anchor_ns() < b);
             self.pending.drain(..late);
+            self.pending_sorted = self.pending_sorted.saturating_sub(late);
             self.late += late as u64;
         }
         out.sort_by_key(|i| i.start_ns);
@@ -1319,9 +1352,11 @@ impl TraceAssembler {
         let out = self.cut(&windows, false, false);
         if flush {
             self.pending.clear();
+            self.pending_sorted = 0;
         } else if let Some(cut) = cut {
             let before = self.pending.partition_point(|a| a.anchor_ns() < cut);
             self.pending.drain(..before);
+            self.pending_sorted = self.pending_sorted.saturating_sub(before);
         }
         out
     }
