@@ -633,10 +633,6 @@ pub struct TraceAssembler {
     range_keys: Vec<(u64, u64, u32)>,
     /// Scratch of `summarise`: operators seen in the iteration.
     touched: Vec<u32>,
-    /// Scratch of `summarise`: those operators in the order the iteration lists them, and
-    /// their sort keys.
-    op_order: Vec<u32>,
-    op_keys: Vec<u128>,
     /// Scratch of `summarise`: communication and compute intervals.
     comm_iv: Vec<(u64, u64)>,
     compute_iv: Vec<(u64, u64)>,
@@ -1539,65 +1535,28 @@ impl TraceAssembler {
             let m = MAX_ITERATION_LATENCIES;
             lat = (0..m).map(|k| lat[k * (n - 1) / (m - 1)]).collect();
         }
-        // Operators largest first, then by label: their indices are sorted, not the 96-byte
-        // `OpTime`s (that sort was 9% of the pipeline on the H200 eager fixture). Labels are
-        // one per index, so any sort gives this order; only a script's operator named like
-        // the overflow one can tie with it, and then the `OpTime`s are sorted as they were.
-        let key = |i: u32| (self.acc[i as usize].gpu_ns, &self.table.info[i as usize].0);
-        // As integers, largest first: !gpu_ns above the index; equal times then by label.
-        let mut packed = std::mem::take(&mut self.op_keys);
-        packed.clear();
-        packed.extend(
-            touched
-                .iter()
-                .map(|&i| (u128::from(!self.acc[i as usize].gpu_ns) << 32) | u128::from(i)),
-        );
-        packed.sort_unstable();
-        let mut order = std::mem::take(&mut self.op_order);
-        order.clear();
-        order.extend(packed.iter().map(|&k| k as u32));
-        self.op_keys = packed;
-        for run in order.chunk_by_mut(|&x, &y| key(x).0 == key(y).0) {
-            if run.len() > 1 {
-                run.sort_unstable_by(|&x, &y| key(x).1.cmp(key(y).1));
-            }
-        }
-        let unique = order.windows(2).all(|w| key(w[0]) != key(w[1]));
-        if !unique {
-            order.clear();
-            order.extend_from_slice(&touched);
-        }
-        let mut ops: Vec<OpTime> = order
-            .iter()
-            .map(|&i| {
-                let acc = &self.acc[i as usize];
-                let (label, kind) = &self.table.info[i as usize];
-                OpTime {
-                    op: label.clone(),
-                    kind: *kind,
-                    gpu_ns: acc.gpu_ns,
-                    critical_ns: acc.critical_ns,
-                    kernels: acc.count,
-                    occupancy: (acc.occ_ns > 0).then(|| acc.occ_weighted / acc.occ_ns as f64),
-                    gap_ns: acc.gap_ns,
-                    wait_ns: acc.wait_ns,
-                    launch_latency_ns: (acc.launch_count > 0)
-                        .then(|| acc.launch_sum / u64::from(acc.launch_count)),
-                    bytes: acc.bytes,
-                }
-            })
-            .collect();
-        if !unique {
-            ops.sort_unstable_by(|a, b| b.gpu_ns.cmp(&a.gpu_ns).then_with(|| a.op.cmp(&b.op)));
-        }
-        self.op_order = order;
-        // The iteration's occupancy sums in the order the operators were first seen.
         let mut occ = (0.0, 0u64);
+        let mut ops = Vec::with_capacity(touched.len());
         for &i in &touched {
             let acc = std::mem::take(&mut self.acc[i as usize]);
             occ.0 += acc.occ_weighted;
             occ.1 += acc.occ_ns;
+            let (label, kind) = &self.table.info[i as usize];
+            ops.push(OpTime {
+                op: label.clone(),
+                kind: *kind,
+                gpu_ns: acc.gpu_ns,
+                critical_ns: acc.critical_ns,
+                kernels: acc.count,
+                occupancy: (acc.occ_ns > 0).then(|| acc.occ_weighted / acc.occ_ns as f64),
+                gap_ns: acc.gap_ns,
+                wait_ns: acc.wait_ns,
+                launch_latency_ns: (acc.launch_count > 0)
+                    .then(|| acc.launch_sum / u64::from(acc.launch_count)),
+                bytes: acc.bytes,
+            });
         }
+        ops.sort_unstable_by(|a, b| b.gpu_ns.cmp(&a.gpu_ns).then_with(|| a.op.cmp(&b.op)));
         if ops.len() > MAX_ITERATION_OPS {
             fold_small_ops(&mut ops);
         }
@@ -2178,34 +2137,7 @@ fn fold_small_ops(ops: &mut Vec<OpTime>) {
     }
     o.occupancy = (occ_ns > 0).then(|| occ / occ_ns as f64);
     o.launch_latency_ns = (lat_n > 0).then(|| lat / lat_n);
-    // Largest first, then by label. The others are in that order already; only the overflow
-    // entry grew, and it moves up to its place (sorting all of them again was 9% of the
-    // pipeline on the H200 eager fixture, whose iterations name over 256 operators). With
-    // a tie (a script's operator named like the overflow one) they are sorted as they were.
-    let cmp = |a: &OpTime, b: &OpTime| b.gpu_ns.cmp(&a.gpu_ns).then_with(|| a.op.cmp(&b.op));
-    let others = || {
-        ops.iter()
-            .enumerate()
-            .filter(|&(j, _)| j != k)
-            .map(|(_, x)| x)
-    };
-    let ordered = others()
-        .zip(others().skip(1))
-        .all(|(x, y)| cmp(x, y) == std::cmp::Ordering::Less);
-    let o = &ops[k];
-    let tied = others().any(|x| cmp(x, o) == std::cmp::Ordering::Equal);
-    if !ordered || tied {
-        ops.sort_unstable_by(cmp);
-        return;
-    }
-    let at = others()
-        .filter(|x| cmp(x, o) == std::cmp::Ordering::Less)
-        .count();
-    if at < k {
-        ops[at..=k].rotate_right(1);
-    } else {
-        ops[k..=at].rotate_left(1);
-    }
+    ops.sort_unstable_by(|a, b| b.gpu_ns.cmp(&a.gpu_ns).then_with(|| a.op.cmp(&b.op)));
 }
 
 /// Kernels looked at to find the period of a job's kernel sequence (bounds the cost).
