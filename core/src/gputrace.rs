@@ -455,8 +455,9 @@ pub const MAX_OP_KEYS: usize = 65_536;
 /// and counted ([`TraceAssembler::strings_dropped`]).
 pub const MAX_STRINGS: usize = 65_536;
 
-/// Launch configurations whose occupancy an assembler remembers.
-const MAX_OCCUPANCY_CACHE: usize = 4096;
+/// Launch configurations whose occupancy an assembler remembers (slots of a direct-mapped
+/// cache: a power of two; 16 KiB).
+const MAX_OCCUPANCY_CACHE: usize = 1024;
 
 /// Graph nodes whose operator an assembler remembers.
 const MAX_NODE_OPS: usize = 1 << 16;
@@ -526,19 +527,46 @@ struct OpAcc {
 /// Named operators: a label and kind per index, index 0 the overflow operator.
 struct OpTable {
     by_key: FxHashMap<OpKey, u32>,
+    /// Entries of `by_key` looked up lately, by a hash of the key, one per slot ([`NO_OP`]:
+    /// none): every activity is looked up as it is summarised, and the hash map's lookups
+    /// were 7% of the pipeline on the H200 eager fixture. `by_key` only grows, so an entry
+    /// copied here stays right.
+    recent: Vec<(OpKey, u32)>,
     by_label: FxHashMap<Arc<str>, u32>,
     info: Vec<(Arc<str>, OpKind)>,
     overflowed: u64,
 }
 
+/// Slots of [`OpTable`]'s `recent` (a power of two; 16 KiB).
+const RECENT_OPS: usize = 1 << 10;
+
+/// An empty slot of [`OpTable`]'s `recent` (no operator has this index: at most [`MAX_OPS`]).
+const NO_OP: u32 = u32::MAX;
+
 impl Default for OpTable {
     fn default() -> Self {
         Self {
             by_key: FxHashMap::default(),
+            recent: vec![(OpKey::Kernel(0, 0), NO_OP); RECENT_OPS],
             by_label: FxHashMap::default(),
             info: vec![(Arc::from(OVERFLOW_OP), OpKind::Compute)],
             overflowed: 0,
         }
+    }
+}
+
+impl OpKey {
+    /// Its slot in [`OpTable`]'s `recent` (Fibonacci hashing of the fields).
+    fn slot(self) -> usize {
+        let (kind, x, y) = match self {
+            OpKey::Kernel(x, y) => (0, x, y),
+            OpKey::Graph(x, y) => (1, x, y),
+            OpKey::Memory(x, y) => (2, x, y),
+        };
+        let h = ((u64::from(x) << 32) | u64::from(y))
+            .wrapping_add(kind)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (h >> (64 - RECENT_OPS.trailing_zeros())) as usize
     }
 }
 
@@ -574,6 +602,9 @@ pub struct TraceAssembler {
     ops: HashMap<u32, String>,
     node_ops: FxHashMap<u64, u32>,
     pending: Vec<Activity>,
+    /// How many of the first pending activities are in anchor order (a take leaves them all
+    /// sorted; what came since is after them): only the rest is sorted on the next take.
+    pending_sorted: usize,
     steps: BTreeMap<u64, (Option<u64>, Option<u64>)>,
     marked: bool,
     next_detected: u64,
@@ -597,8 +628,9 @@ pub struct TraceAssembler {
     recent_launches: std::collections::VecDeque<u32>,
     /// Traced iterations refused as incomplete since the last complete one.
     refused_in_a_row: u32,
-    /// Scratch of `summarise`: activities sorted by start.
+    /// Scratch of `summarise`: activities sorted by start, and their keys.
     sorted: Vec<Activity>,
+    range_keys: Vec<(u64, u64, u32)>,
     /// Scratch of `summarise`: operators seen in the iteration.
     touched: Vec<u32>,
     /// Scratch of `summarise`: communication and compute intervals.
@@ -613,8 +645,13 @@ pub struct TraceAssembler {
     /// Activities that belonged to no iteration (between steps, or too late for theirs).
     pub late: u64,
     limits: Option<SmLimits>,
-    /// (threads per block, registers, shared memory) → occupancy, for the kernels seen.
-    occupancy_cache: FxHashMap<(u32, u32, u32), Option<f32>>,
+    /// (threads per block, registers, shared memory) → occupancy, for the kernels seen
+    /// lately: one per slot, by a hash of the key (empty until the first kernel: then every
+    /// slot holds (0, 0, 0) → `None`, which is what the limits give for no threads).
+    /// Occupancy depends on the key and the limits only, so a slot overwritten costs a
+    /// recomputation, never a different value; a hash map's lookups were 4% of the pipeline
+    /// on the H200 eager fixture.
+    occupancy_cache: Vec<((u32, u32, u32), Option<f32>)>,
     /// Strings dropped because [`MAX_STRINGS`] or [`MAX_STRING_BYTES`] were kept already, or
     /// cut at [`MAX_STRING_LEN`].
     pub strings_dropped: u64,
@@ -721,7 +758,13 @@ impl TraceAssembler {
     /// The operator index of an activity, naming the operator on first sight.
     fn op_index(&mut self, a: &Activity) -> u32 {
         let key = Self::key_of(a);
+        let slot = key.slot();
+        let (k, i) = self.table.recent[slot];
+        if k == key && i != NO_OP {
+            return i;
+        }
         if let Some(&i) = self.table.by_key.get(&key) {
+            self.table.recent[slot] = (key, i);
             return i;
         }
         // Full: a new identity goes to the overflow operator without naming it (naming
@@ -799,16 +842,20 @@ impl TraceAssembler {
                         .saturating_mul(k.block[2]);
                     let smem = k.static_smem.saturating_add(k.dynamic_smem);
                     let key = (threads, k.registers, smem);
-                    a.occupancy = match self.occupancy_cache.get(&key) {
-                        Some(o) => *o,
-                        None => {
-                            let o = l.occupancy(threads, k.registers, smem).map(|o| o as f32);
-                            if self.occupancy_cache.len() < MAX_OCCUPANCY_CACHE {
-                                self.occupancy_cache.insert(key, o);
-                            }
-                            o
-                        }
-                    };
+                    if self.occupancy_cache.is_empty() {
+                        self.occupancy_cache
+                            .resize(MAX_OCCUPANCY_CACHE, ((0, 0, 0), None));
+                    }
+                    let h = (u64::from(threads) | (u64::from(k.registers) << 32))
+                        .wrapping_add(u64::from(smem).wrapping_mul(0x2545_F491_4F6C_DD1D))
+                        .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    let slot = &mut self.occupancy_cache
+                        [(h >> (64 - MAX_OCCUPANCY_CACHE.trailing_zeros())) as usize];
+                    if slot.0 != key {
+                        let o = l.occupancy(threads, k.registers, smem).map(|o| o as f32);
+                        *slot = (key, o);
+                    }
+                    a.occupancy = slot.1;
                 }
                 if a.op_id == 0 && k.graph_node_id != 0 {
                     a.op_id = self.node_ops.get(&k.graph_node_id).copied().unwrap_or(0);
@@ -952,6 +999,7 @@ impl TraceAssembler {
             // Nothing completes them (no boundaries, or a step that never ends): the oldest
             // go, so that memory stays bounded.
             self.pending.drain(..MAX_PENDING / 4);
+            self.pending_sorted = self.pending_sorted.saturating_sub(MAX_PENDING / 4);
             self.capped += (MAX_PENDING / 4) as u64;
         }
         self.pending.push(a);
@@ -989,17 +1037,24 @@ impl TraceAssembler {
         // indices by a key looked up in `pending` (that indirect sort on each call was 12% of
         // the pipeline on the H200 eager fixture); pending is in launch order, which is mostly
         // start order, so the stable sort mostly merges runs.
-        let mut order: Vec<(u32, u64, u32, u64)> = self
-            .pending
-            .iter()
-            .enumerate()
-            .filter(|(_, a)| a.kind != ActivityKind::Event && a.end_ns > a.start_ns)
-            .map(|(i, a)| (a.device, a.start_ns, i as u32, a.end_ns))
-            .collect();
-        order.sort_by_key(|&(d, start, i, _)| (d, start, i));
+        // The keys are packed in one integer, device above start above position (starts are
+        // at most MAX_TS_NS < 2^64): half the size of a tuple with the end, one comparison.
+        let mut order: Vec<u128> = Vec::with_capacity(self.pending.len());
+        order.extend(
+            self.pending
+                .iter()
+                .enumerate()
+                .filter(|(_, a)| a.kind != ActivityKind::Event && a.end_ns > a.start_ns)
+                .map(|(i, a)| {
+                    (u128::from(a.device) << 96) | (u128::from(a.start_ns) << 32) | i as u128
+                }),
+        );
+        order.sort();
         let mut waited = vec![false; self.pending.len()];
         let mut busy: Option<(u32, u64)> = None;
-        for &(d, start, i, end) in &order {
+        for &k in &order {
+            let (d, start, i) = ((k >> 96) as u32, (k >> 32) as u64, k as u32);
+            let end = self.pending[i as usize].end_ns;
             match busy {
                 Some((bd, until)) if bd == d => {
                     waited[i as usize] = start > until + IDLE_BEFORE_NS;
@@ -1008,11 +1063,13 @@ impl TraceAssembler {
                 _ => busy = Some((d, end)),
             }
         }
-        for (a, waited) in self.pending.iter_mut().zip(waited) {
+        for (i, (a, waited)) in self.pending.iter_mut().zip(waited).enumerate() {
             if !unplaced(a) {
                 continue;
             }
             if let Some((t, op)) = self.stamps.place(a.correlation_id, a.start_ns, waited) {
+                // Its anchor moves: the activities in order end before it.
+                self.pending_sorted = self.pending_sorted.min(i);
                 a.launch_ns = t;
                 a.placed = true;
                 if a.op_id == 0 {
@@ -1025,8 +1082,57 @@ impl TraceAssembler {
     /// Sorts the pending activities by anchor (cheap when they already are, as records mostly
     /// arrive in order).
     fn sort_pending(&mut self) {
-        if !self.pending.is_sorted_by_key(Activity::anchor_ns) {
-            self.pending.sort_by_key(Activity::anchor_ns);
+        let n = self.pending.len();
+        let s = self.pending_sorted.min(n);
+        self.pending_sorted = n;
+        if self.pending[s.saturating_sub(1)..].is_sorted_by_key(Activity::anchor_ns) {
+            return;
+        }
+        // The keys are sorted, not the 80-byte activities (the stable sort moved each several
+        // times through a buffer half as large as pending: 9% of the pipeline on the H200 eager
+        // fixture), and only those after the ordered ones: stable, then merged with the
+        // ordered ones from the first that goes after one of them, the ordered one first among
+        // equal anchors (its position is lower). That is the stable order by anchor.
+        let mut tail: Vec<(u64, u32)> = self.pending[s..]
+            .iter()
+            .zip(s..)
+            .map(|(a, i)| (a.anchor_ns(), i as u32))
+            .collect();
+        tail.sort_by_key(|k| k.0);
+        let first = tail[0].0;
+        let from = self.pending[..s].partition_point(|a| a.anchor_ns() <= first);
+        let mut order: Vec<u32> = Vec::with_capacity(n - from);
+        let mut j = 0;
+        for i in from..s {
+            let key = (self.pending[i].anchor_ns(), i as u32);
+            while j < tail.len() && tail[j] < key {
+                order.push(tail[j].1);
+                j += 1;
+            }
+            order.push(i as u32);
+        }
+        order.extend(tail[j..].iter().map(|k| k.1));
+        // Then each activity is moved once, along the cycles of the permutation: position
+        // `from + k` takes the activity at `order[k]`; a position done is marked with its own
+        // index.
+        let pending = &mut self.pending[from..];
+        let from = from as u32;
+        for start in 0..order.len() {
+            if order[start] - from == start as u32 {
+                continue;
+            }
+            let first = pending[start];
+            let mut k = start;
+            loop {
+                let at = (order[k] - from) as usize;
+                order[k] = from + k as u32;
+                if at == start {
+                    pending[k] = first;
+                    break;
+                }
+                pending[k] = pending[at];
+                k = at;
+            }
         }
     }
 
@@ -1055,16 +1161,25 @@ impl TraceAssembler {
             out.push(it);
             used.push((lo, hi));
         }
-        // Keep what no window used, in order.
+        // Keep what no window used, in order, moved down in place (a new vector of what was
+        // kept came from fresh pages on each call).
         if used.iter().any(|u| u.1 > u.0) {
-            let mut keep = Vec::with_capacity(self.pending.len());
-            let mut next = 0;
+            let (mut kept, mut next) = (0, 0);
             for &(lo, hi) in &used {
-                keep.extend_from_slice(&self.pending[next..lo.max(next)]);
+                let lo = lo.max(next);
+                self.pending.copy_within(next..lo, kept);
+                kept += lo - next;
                 next = next.max(hi);
             }
-            keep.extend_from_slice(&self.pending[next..]);
-            self.pending = keep;
+            let len = self.pending.len();
+            self.pending.copy_within(next..len, kept);
+            self.pending.truncate(kept + len - next);
+            // What is kept keeps its order.
+            self.pending_sorted = if self.pending_sorted == len {
+                self.pending.len()
+            } else {
+                0
+            };
         }
         out
     }
@@ -1092,6 +1207,7 @@ impl TraceAssembler {
             let b = *b;
             let late = self.pending.partition_point(|a| a.anchor_ns() < b);
             self.pending.drain(..late);
+            self.pending_sorted = self.pending_sorted.saturating_sub(late);
             self.late += late as u64;
         }
         out.sort_by_key(|i| i.start_ns);
@@ -1232,9 +1348,11 @@ impl TraceAssembler {
         let out = self.cut(&windows, false, false);
         if flush {
             self.pending.clear();
+            self.pending_sorted = 0;
         } else if let Some(cut) = cut {
             let before = self.pending.partition_point(|a| a.anchor_ns() < cut);
             self.pending.drain(..before);
+            self.pending_sorted = self.pending_sorted.saturating_sub(before);
         }
         out
     }
@@ -1251,9 +1369,32 @@ impl TraceAssembler {
         mut sorted: Vec<Activity>,
     ) -> Iteration {
         sorted.clear();
-        sorted.extend_from_slice(&self.pending[range]);
-        if !sorted.is_sorted_by_key(|a| (a.start_ns, a.end_ns)) {
-            sorted.sort_unstable_by_key(|a| (a.start_ns, a.end_ns));
+        let acts = &self.pending[range];
+        if acts.is_sorted_by_key(|a| (a.start_ns, a.end_ns)) {
+            sorted.extend_from_slice(acts);
+        } else {
+            // By (start, end): their keys are sorted, then each activity copied once (the
+            // unstable sort of the 80-byte activities was 5% of the pipeline on the H200
+            // eager fixture). Distinct keys have one order, that of any sort; activities
+            // that tie are sorted as they were, so that the tie goes the same way.
+            let mut keys = std::mem::take(&mut self.range_keys);
+            keys.clear();
+            keys.extend(
+                acts.iter()
+                    .enumerate()
+                    .map(|(i, a)| (a.start_ns, a.end_ns, i as u32)),
+            );
+            keys.sort_by_key(|k| (k.0, k.1));
+            if keys
+                .windows(2)
+                .all(|w| (w[0].0, w[0].1) != (w[1].0, w[1].1))
+            {
+                sorted.extend(keys.iter().map(|k| acts[k.2 as usize]));
+            } else {
+                sorted.extend_from_slice(acts);
+                sorted.sort_unstable_by_key(|a| (a.start_ns, a.end_ns));
+            }
+            self.range_keys = keys;
         }
         let it = self.summarise(step, marked, b, e, &sorted);
         self.sorted = sorted;
@@ -1551,7 +1692,19 @@ pub struct LaunchStamps {
     sorted: usize,
     /// The most kept (the oldest ids go first), from [`LaunchStamps::trim`].
     most: usize,
+    /// Scratch of `settle`: the ordered stamps that the new ones are merged into.
+    merge: Vec<(u32, u64, u32)>,
+    /// Where the last search by id ended: the next starts there (the activities placed one
+    /// after another have ids close together; a binary search over all stamps each time was
+    /// 3% of the pipeline on the H200 eager fixture).
+    hint: std::cell::Cell<usize>,
+    /// The last rate measured back and forth (stamp index, rate), until the stamps change:
+    /// the copies of one batch sit between the same two stamps.
+    rates: std::cell::Cell<[(usize, Option<f64>); 2]>,
 }
+
+/// No rate measured yet (see [`LaunchStamps`]'s `rates`).
+const NO_RATES: [(usize, Option<f64>); 2] = [(usize::MAX, None); 2];
 
 impl Default for LaunchStamps {
     fn default() -> Self {
@@ -1559,6 +1712,9 @@ impl Default for LaunchStamps {
             stamps: Vec::new(),
             sorted: 0,
             most: usize::MAX,
+            merge: Vec::new(),
+            hint: std::cell::Cell::new(0),
+            rates: std::cell::Cell::new(NO_RATES),
         }
     }
 }
@@ -1578,6 +1734,7 @@ impl LaunchStamps {
             _ => {}
         }
         self.stamps.push((correlation_id, launch_ns, op_id));
+        self.rates.set(NO_RATES);
         if self.stamps.len() > self.most.saturating_mul(2) {
             self.settle();
         }
@@ -1594,10 +1751,47 @@ impl LaunchStamps {
 
     /// Puts the stamps in order: by id, the first of each id, the newest `most`.
     fn settle(&mut self) {
-        if self.sorted < self.stamps.len() {
-            // Stable: of two stamps of one id, the first that came is kept.
-            self.stamps.sort_by_key(|s| s.0);
-            self.stamps.dedup_by_key(|s| s.0);
+        self.rates.set(NO_RATES);
+        let sorted = self.sorted;
+        if sorted < self.stamps.len() {
+            // Stable: of two stamps of one id, the first that came is kept. Only the new ones
+            // are sorted, then merged into the ordered part from the first of them on (most
+            // ids come in order: sorting all of them, with a buffer as large, was 5% of the
+            // pipeline on the H200 eager fixture).
+            self.stamps[sorted..].sort_by_key(|s| s.0);
+            let first = self.stamps[sorted].0;
+            let from = self.stamps[..sorted].partition_point(|s| s.0 <= first);
+            // The ordered ones before `from` are distinct: only from the last of them on can
+            // an id repeat.
+            let dedup_from = from.saturating_sub(1);
+            if from < sorted {
+                let older = &mut self.merge;
+                older.clear();
+                older.extend_from_slice(&self.stamps[from..sorted]);
+                let (mut i, mut j, mut w) = (0, sorted, from);
+                while i < older.len() && j < self.stamps.len() {
+                    // An older stamp goes first among equal ids.
+                    if older[i].0 <= self.stamps[j].0 {
+                        self.stamps[w] = older[i];
+                        i += 1;
+                    } else {
+                        self.stamps[w] = self.stamps[j];
+                        j += 1;
+                    }
+                    w += 1;
+                }
+                // The new ones left are in place already.
+                self.stamps[w..w + older.len() - i].copy_from_slice(&older[i..]);
+            }
+            // Of equal ids, the first stays (as `dedup_by_key` over all of them).
+            let mut kept = dedup_from + 1;
+            for r in dedup_from + 1..self.stamps.len() {
+                if self.stamps[r].0 != self.stamps[kept - 1].0 {
+                    self.stamps[kept] = self.stamps[r];
+                    kept += 1;
+                }
+            }
+            self.stamps.truncate(kept);
         }
         if self.stamps.len() > self.most {
             self.stamps.drain(..self.stamps.len() - self.most);
@@ -1627,7 +1821,7 @@ impl LaunchStamps {
             self.settle();
         }
         let c = correlation_id;
-        let at = self.stamps.partition_point(|s| s.0 < c);
+        let at = self.search(c);
         let after = self.stamps.get(at).copied();
         let before = at.checked_sub(1).and_then(|i| self.stamps.get(i)).copied();
         let back = |(c0, t0, _): (u32, u64, u32)| {
@@ -1672,28 +1866,72 @@ impl LaunchStamps {
     /// API calls per ns around stamp `i`, over up to [`RATE_SPAN`] stamps after it (`forward`)
     /// or before it, none of them further apart than [`WIDE_BRACKET_NS`].
     fn rate(&self, i: usize, forward: bool) -> Option<f64> {
+        let s = &self.stamps;
+        if i >= s.len() {
+            return None;
+        }
+        let memo = self.rates.get();
+        if memo[usize::from(forward)].0 == i {
+            return memo[usize::from(forward)].1;
+        }
+        let near = |a: usize, b: usize| s[b].1.saturating_sub(s[a].1) <= WIDE_BRACKET_NS;
         let (mut lo, mut hi) = (i, i);
-        for _ in 0..RATE_SPAN {
-            let (a, b) = match (forward, lo.checked_sub(1)) {
-                (true, _) => (hi, hi + 1),
-                (false, Some(a)) => (a, lo),
-                (false, None) => break,
-            };
-            let (Some(x), Some(y)) = (self.stamps.get(a), self.stamps.get(b)) else {
-                break;
-            };
-            if y.1.saturating_sub(x.1) > WIDE_BRACKET_NS {
-                break;
+        if forward {
+            let last = (i + RATE_SPAN).min(s.len() - 1);
+            while hi < last && near(hi, hi + 1) {
+                hi += 1;
             }
-            if forward {
-                hi = b;
-            } else {
-                lo = a;
+        } else {
+            let first = i.saturating_sub(RATE_SPAN);
+            while lo > first && near(lo - 1, lo) {
+                lo -= 1;
             }
         }
-        let (x, y) = (self.stamps.get(lo)?, self.stamps.get(hi)?);
-        let (dc, dt) = (y.0.checked_sub(x.0)?, y.1.checked_sub(x.1)?);
-        (dc > 0 && dt > 0).then(|| f64::from(dc) / dt as f64)
+        let (x, y) = (s[lo], s[hi]);
+        let rate = match (y.0.checked_sub(x.0), y.1.checked_sub(x.1)) {
+            (Some(dc), Some(dt)) if dc > 0 && dt > 0 => Some(f64::from(dc) / dt as f64),
+            _ => None,
+        };
+        let mut memo = memo;
+        memo[usize::from(forward)] = (i, rate);
+        self.rates.set(memo);
+        rate
+    }
+
+    /// How many stamps have an id below `c` (they are in order), searched outwards from where
+    /// the last search ended.
+    fn search(&self, c: u32) -> usize {
+        let s = &self.stamps;
+        let below = |i: usize| s[i].0 < c;
+        let h = self.hint.get().min(s.len());
+        let (lo, hi) = if h == 0 || below(h - 1) {
+            // At `h` or after: `hi` doubles its distance until it is not below.
+            let (mut lo, mut step) = (h, 1);
+            loop {
+                let hi = lo.saturating_add(step).min(s.len());
+                if hi == s.len() || !below(hi) {
+                    break (lo, hi);
+                }
+                lo = hi + 1;
+                step *= 2;
+            }
+        } else {
+            // Before `h`: `lo` doubles its distance until it is below.
+            let (mut hi, mut step) = (h - 1, 1);
+            loop {
+                if hi < step {
+                    break (0, hi);
+                }
+                if below(hi - step) {
+                    break (hi - step + 1, hi);
+                }
+                hi -= step;
+                step *= 2;
+            }
+        };
+        let at = lo + s[lo..hi].partition_point(|x| x.0 < c);
+        self.hint.set(at);
+        at
     }
 
     /// Stamps kept.

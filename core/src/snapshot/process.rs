@@ -7,6 +7,8 @@ use std::{
     sync::Arc,
 };
 
+use rustc_hash::FxHashMap;
+
 use crate::{
     gputrace::{Iteration, OpKind, PHASES},
     slo::SloSnapshot,
@@ -185,7 +187,10 @@ impl IterationStats {
         }
         let mut busy: Vec<f64> = gpu().map(Iteration::gpu_busy_ratio).collect();
         busy.sort_by(f64::total_cmp);
-        let mut ops: BTreeMap<&str, OpSum<'_>> = BTreeMap::new();
+        // Summed in a hash map, then put in label order (a BTreeMap's string comparisons on
+        // each of every iteration's operators were 3% of the pipeline on the H200 eager
+        // fixture).
+        let mut ops: FxHashMap<&str, OpSum<'_>> = FxHashMap::default();
         for i in gpu() {
             for o in &i.ops {
                 let e = ops.entry(&*o.op).or_insert(OpSum {
@@ -205,6 +210,8 @@ impl IterationStats {
             }
         }
         let mut ops: Vec<_> = ops.into_values().collect();
+        // Labels are the map's keys: distinct.
+        ops.sort_unstable_by(|a, b| a.op.cmp(b.op));
         let ops_gpu_ns = ops.iter().map(|o| o.gpu_ns).fold(0, u64::saturating_add);
         // Stable: ties stay in label order.
         ops.sort_by_key(|o| std::cmp::Reverse(o.gpu_ns));
