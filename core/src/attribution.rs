@@ -381,11 +381,7 @@ pub fn attribute(baseline: &Profile, now: &Profile) -> Option<Attribution> {
             ms(idle.1)
         ),
     });
-    causes.sort_by(|a, b| {
-        b.delta_ns
-            .total_cmp(&a.delta_ns)
-            .then_with(|| a.op.cmp(&b.op))
-    });
+    rank(&mut causes);
     causes.retain(|c| c.delta_ns > 0.0);
     let mut host = causes
         .first()
@@ -470,12 +466,17 @@ fn late_launch_not_loading(
             ..idle
         }),
     }
+    rank(causes);
+    *host = launch_host;
+}
+
+/// Largest contribution first; ties by operator label, so the order never depends on input order.
+fn rank(causes: &mut [Cause]) {
     causes.sort_by(|a, b| {
         b.delta_ns
             .total_cmp(&a.delta_ns)
             .then_with(|| a.op.cmp(&b.op))
     });
-    *host = launch_host;
 }
 
 /// A duration in ms, for details.
@@ -691,6 +692,19 @@ mod tests {
 
     const C: OpKind = OpKind::Compute;
 
+    /// Three operators of 1 ms each with `gap` of GPU idle before each.
+    fn three_ops(gap: u64) -> Vec<(&'static str, OpKind, u64, u64, f64)> {
+        ["a", "b", "c"]
+            .into_iter()
+            .map(|name| (name, C, 1_000_000, gap, 1.0))
+            .collect()
+    }
+
+    /// Sets `role`'s run-queue wait to `ns_per_iteration` per iteration of `p`.
+    fn set_runq(p: &mut Profile, role: Role, ns_per_iteration: u64) {
+        p.host.roles[crate::host::role_index(role)].runq_ns = ns_per_iteration * p.iterations;
+    }
+
     #[test]
     fn the_slower_operator_ranks_first_with_its_dimension() {
         let base = profile(
@@ -769,18 +783,11 @@ mod tests {
 
     #[test]
     fn a_large_run_queue_wait_that_grew_by_the_slowdown_is_the_host_cause() {
-        let ops = |gap| {
-            vec![
-                ("a", C, 1_000_000u64, gap, 1.0),
-                ("b", C, 1_000_000, gap, 1.0),
-                ("c", C, 1_000_000, gap, 1.0),
-            ]
-        };
-        let mut base = profile(100, &ops(10_000), 0);
-        base.host.roles[crate::host::role_index(Role::Main)].runq_ns = 10_000_000 * 100;
+        let mut base = profile(100, &three_ops(10_000), 0);
+        set_runq(&mut base, Role::Main, 10_000_000);
         let host_of = |runq_now: u64| {
-            let mut slow = profile(100, &ops(1_010_000), 0);
-            slow.host.roles[crate::host::role_index(Role::Main)].runq_ns = runq_now * 100;
+            let mut slow = profile(100, &three_ops(1_010_000), 0);
+            set_runq(&mut slow, Role::Main, runq_now);
             let a = attribute(&base, &slow).expect("a");
             assert_eq!(a.causes[0].op, LAUNCHES_OP);
             a.host.first().map(|h| h.node)
@@ -793,20 +800,13 @@ mod tests {
 
     #[test]
     fn host_waits_are_per_iteration_of_the_whole_window_not_of_the_traced_ones() {
-        let ops = |gap| {
-            vec![
-                ("a", C, 1_000_000u64, gap, 1.0),
-                ("b", C, 1_000_000, gap, 1.0),
-                ("c", C, 1_000_000, gap, 1.0),
-            ]
-        };
-        let mut base = profile(100, &ops(10_000), 0);
-        base.host.roles[crate::host::role_index(Role::Main)].runq_ns = 1_000_000 * 100;
+        let mut base = profile(100, &three_ops(10_000), 0);
+        set_runq(&mut base, Role::Main, 1_000_000);
         // 100 iterations, 10 of them traced (a sample window), the wait unchanged per iteration.
-        let mut now = profile(10, &ops(1_510_000), 0);
+        let mut now = profile(10, &three_ops(1_510_000), 0);
         now.iterations = 100;
         now.wall_ns = 100 * 13_000_000;
-        now.host.roles[crate::host::role_index(Role::Main)].runq_ns = 1_100_000 * 100;
+        set_runq(&mut now, Role::Main, 1_100_000);
         let a = attribute(&base, &now).expect("a");
         assert_eq!(a.causes[0].op, LAUNCHES_OP);
         assert!(a.host.is_empty(), "{:?}", a.host);
@@ -817,11 +817,8 @@ mod tests {
         let ops = [("a", C, 1_000_000u64, 0u64, 1.0)];
         let mut base = profile(100, &ops, 200_000);
         let mut late = profile(100, &ops, 3_000_000);
-        let runq = |p: &mut Profile, role, ns_per_iteration: u64| {
-            p.host.roles[crate::host::role_index(role)].runq_ns = ns_per_iteration * p.iterations;
-        };
-        runq(&mut base, Role::Main, 100_000);
-        runq(&mut late, Role::Main, 2_500_000);
+        set_runq(&mut base, Role::Main, 100_000);
+        set_runq(&mut late, Role::Main, 2_500_000);
         let a = attribute(&base, &late).expect("a");
         let top = a.causes[0].clone();
         assert_eq!(
@@ -833,8 +830,8 @@ mod tests {
         assert_eq!(a.host[0].node, "host.runqueue.main");
         assert!(a.causes.iter().all(|c| c.op != DATA_LOADING_OP));
         // The loader threads waited too: the data came late, whatever the main threads did.
-        runq(&mut base, Role::DataLoader, 100_000);
-        runq(&mut late, Role::DataLoader, 2_000_000);
+        set_runq(&mut base, Role::DataLoader, 100_000);
+        set_runq(&mut late, Role::DataLoader, 2_000_000);
         let a = attribute(&base, &late).expect("a");
         assert_eq!(
             (a.causes[0].op.as_str(), a.causes[0].dimension),
