@@ -101,6 +101,33 @@ fn registration_agent_restart_and_process_death() {
 }
 
 #[test]
+fn a_depth_floor_is_asked_of_the_shim_until_it_is_handed_back() {
+    // The healer's shim-depth strategy: a floor under what the SLO engine wants (nothing
+    // breaches here, so the engine wants the shim's own tier).
+    let socket = socket_path("floor");
+    let src = Shims::live(&socket).expect("listen");
+    let mut child = marker_process(&socket, 3000, 10, 4);
+    let pid = child.id();
+    wait_for(&src, pid, "registered", |p| p.connected && p.seen[5] > 0);
+    let h = src.source.handle();
+    assert_eq!(h.depth_floor(pid), Some(0));
+    assert_eq!(h.depth_floor(u32::MAX), None, "no such shim");
+    assert!(h.set_depth_floor(u32::MAX, 1).is_err());
+    h.set_depth_floor(pid, 7).expect("set");
+    assert_eq!(h.depth_floor(pid), Some(2), "capped at graph nodes");
+    wait_for(&src, pid, "the floor is asked", |p| p.depth_wanted == 2);
+    h.set_depth_floor(pid, 0).expect("hand back");
+    wait_for(&src, pid, "the engine's want again", |p| {
+        p.depth_wanted == 0
+    });
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    wait_for(&src, pid, "disconnect noticed", |p| !p.connected);
+    assert_eq!(h.depth_floor(pid), None, "gone with its connection");
+}
+
+#[test]
 fn records_beyond_the_ring_are_dropped_and_counted() {
     let socket = socket_path("full");
     // No agent yet: 100,000 steps (200,000 records of 32 bytes) into a 1 MiB ring.

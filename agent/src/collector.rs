@@ -34,8 +34,12 @@ use crate::{
         nvml::{NvmlSampler, NvmlThread},
         procfs,
         shim::ShimSource,
+        started_or, Down, Source,
     },
 };
+
+/// The eBPF families, in the order the probe list shows them.
+const EBPF_FAMILIES: [&str; 3] = ["runqueue", "process", "tcp"];
 
 /// What a process's host samples are recorded as, after its pid, in `shim.record_dir` (beside
 /// its GPU records `<pid>.bin`).
@@ -64,7 +68,7 @@ pub enum CollectorError {
 pub struct Collector {
     probes: Option<Probes>,
     /// Why the eBPF families are down when `probes` is `None`.
-    down_reason: String,
+    probes_down: Down,
     tree: ProcessTree,
     threads: ThreadTable,
     conns: ConnTable,
@@ -88,9 +92,9 @@ pub struct Collector {
     /// The healers' views, once the healer runs.
     healers: Option<crate::healer::Views>,
     shim: Option<ShimSource>,
-    shim_down: String,
+    shim_down: Down,
     nvml: Option<NvmlThread>,
-    nvml_down: String,
+    nvml_down: Down,
 }
 
 impl Collector {
@@ -208,7 +212,7 @@ impl Collector {
         tree.set_roots(roots.iter().copied());
         let mut c = Self {
             probes,
-            down_reason,
+            probes_down: Down::new(&EBPF_FAMILIES, down_reason),
             tree,
             threads: ThreadTable::new(config.retention_ticks()),
             conns: ConnTable::new(config.retention_ticks(), config.prometheus.max_connections),
@@ -226,9 +230,9 @@ impl Collector {
             record_dir,
             healers: None,
             shim,
-            shim_down,
+            shim_down: Down::new(&["shim"], shim_down),
             nvml,
-            nvml_down,
+            nvml_down: Down::new(&["nvml"], nvml_down),
         };
         c.scan_processes();
         Ok(c)
@@ -315,8 +319,8 @@ impl Collector {
         let mut closed_conns = Vec::new();
         let mut thread_reads = Vec::new();
         let mut ebpf_ok = false;
+        statuses.extend(started_or(&self.probes, &self.probes_down).health());
         if let Some(probes) = self.probes.as_mut() {
-            statuses.extend(probes.statuses().iter().cloned());
             match probes.read() {
                 Ok(read) => {
                     ebpf_ok = true;
@@ -359,14 +363,6 @@ impl Collector {
                         s.reason.clone_from(&reason);
                     }
                 }
-            }
-        } else {
-            for name in ["runqueue", "process", "tcp"] {
-                statuses.push(ProbeStatus {
-                    name,
-                    up: false,
-                    reason: self.down_reason.clone(),
-                });
             }
         }
         self.tree.tick(self.retention_ticks);
@@ -480,16 +476,8 @@ impl Collector {
             Err(_) => Vec::new(),
         };
         let gpus = self.nvml.as_ref().and_then(NvmlThread::latest);
-        statuses.push(ProbeStatus {
-            name: "nvml",
-            up: self.nvml.is_some(),
-            reason: self.nvml_down.clone(),
-        });
-        statuses.push(ProbeStatus {
-            name: "shim",
-            up: self.shim.is_some(),
-            reason: self.shim_down.clone(),
-        });
+        statuses.extend(started_or(&self.nvml, &self.nvml_down).health());
+        statuses.extend(started_or(&self.shim, &self.shim_down).health());
         let mut counters = self.last_counters;
         counters[Counter::DecodeFailed as usize] +=
             self.decode_failed + processes.iter().map(|s| s.decode_failed).sum::<u64>();
@@ -526,6 +514,19 @@ impl Collector {
                 .unwrap_or_default(),
         }
         .derive()
+    }
+
+    /// Stops every source (the agent's shutdown): the eBPF programs detach, the shim and NVML
+    /// threads end; the pipelines keep what they hold for a last snapshot.
+    pub fn stop(&mut self) {
+        let sources: [Option<&mut dyn Source>; 3] = [
+            self.probes.as_mut().map(|s| s as &mut dyn Source),
+            self.shim.as_mut().map(|s| s as &mut dyn Source),
+            self.nvml.as_mut().map(|s| s as &mut dyn Source),
+        ];
+        for s in sources.into_iter().flatten() {
+            s.stop();
+        }
     }
 
     /// Removes processes that no longer exist from the kernel's process set.

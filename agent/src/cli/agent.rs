@@ -115,7 +115,8 @@ pub fn run(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
             }
             None
         } else {
-            match healer::spawn(&config.heal, rx.clone(), stop.clone()) {
+            let shim = healer::shim_control(collector.shim());
+            match healer::spawn(&config.heal, rx.clone(), stop.clone(), shim) {
                 Ok((h, views)) => {
                     // Its views go into every snapshot from now on.
                     collector.set_healer_views(views);
@@ -142,11 +143,11 @@ pub fn run(config: Config, no_ebpf: bool) -> anyhow::Result<ExitCode> {
                 log::warn!("the {name} exporter panicked");
             }
         }
-        let collector = tokio::task::spawn_blocking(move || handle.join())
+        let mut collector = tokio::task::spawn_blocking(move || handle.join())
             .await
             .context("collector thread")?
             .map_err(|_| anyhow::anyhow!("the collector thread panicked"))?;
-        drop(collector); // detaches every eBPF program
+        collector.stop(); // detaches every eBPF program, ends the shim and NVML threads
         if let Some(h) = heal {
             let _ = tokio::task::spawn_blocking(move || h.join()).await;
         }

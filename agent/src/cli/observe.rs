@@ -191,6 +191,7 @@ pub fn run(
     }
     collector.finish_gpu();
     let snapshot = collector.tick();
+    collector.stop();
     if let Some(t) = &snapshot.threads {
         pids.extend(t.processes.iter().map(|p| p.pid));
     }

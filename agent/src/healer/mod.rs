@@ -116,6 +116,26 @@ pub fn restore_actions(
     Ok(out)
 }
 
+/// The shim-depth strategy's knob: the floor under the depth the SLO engine asks of the shim.
+impl ShimControl for crate::sources::shim::ShimHandle {
+    fn depth(&self, pid: u32) -> Option<u32> {
+        self.depth_floor(pid)
+    }
+
+    fn set_depth(&self, pid: u32, depth: u32) -> Result<(), String> {
+        self.set_depth_floor(pid, depth).map_err(str::to_owned)
+    }
+}
+
+/// The shim-depth knob through the collector's shim source, or none where the source is down
+/// (the strategy is then skipped with that reason).
+pub fn shim_control(shim: Option<&crate::sources::shim::ShimSource>) -> Box<dyn ShimControl> {
+    match shim {
+        Some(s) => Box::new(s.handle()),
+        None => Box::new(NoShimControl),
+    }
+}
+
 /// At the agent's start in any mode: restores what a previous run left applied, if there is a
 /// journal at all (mode `off` never creates one).
 pub fn restore_at_start(config: &HealConfig) -> Result<usize, HealError> {
@@ -567,13 +587,15 @@ impl HealerLoop {
 
 /// Starts the healer thread: it runs one tick per new snapshot on `rx` until `stop` is set or
 /// the channel closes (after a tick of the last snapshot sent, so that a job that ended in it
-/// gets its actions undone: `slo-probe run` ends its healer that way).
+/// gets its actions undone: `slo-probe run` ends its healer that way). `shim` sets the shims'
+/// depth for the shim-depth strategy ([`shim_control`]).
 pub fn spawn(
     config: &HealConfig,
     mut rx: watch::Receiver<Arc<Snapshot>>,
     stop: Arc<AtomicBool>,
+    shim: Box<dyn ShimControl>,
 ) -> Result<(thread::JoinHandle<()>, Views), HealError> {
-    let mut l = HealerLoop::new(config, Box::new(NoShimControl))?;
+    let mut l = HealerLoop::new(config, shim)?;
     let views = l.views();
     log::info!(
         "heal: mode {}; journal {}",

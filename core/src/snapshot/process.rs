@@ -302,7 +302,8 @@ pub struct ProcessSnapshot {
     pub job_id: Option<String>,
     /// The shim's tracing depth and duty cycle as it published them (`None`: an older shim).
     pub depth: Option<slo_probe_common::ring::ShimDepth>,
-    /// The depth the SLO engine asks for now (`gpu::DEPTH_*`; 0: the shim's own tier).
+    /// The depth the agent asks for now (`gpu::DEPTH_*`; 0: the shim's own tier): what the
+    /// SLO engine wants, or the healer's shim-depth floor where that is deeper.
     pub depth_wanted: u32,
     /// The shim's own cost on the launching threads since it started (its callbacks plus the
     /// estimated CUPTI cost of its kernel records), ns.

@@ -364,7 +364,7 @@ impl InProcess {
         let mut c = joined?;
         c.finish_gpu();
         let mut s = c.tick();
-        drop(c);
+        c.stop();
         if let Some((runtime, stop)) = self.server.take() {
             let _ = stop.send(true);
             runtime.shutdown_timeout(Duration::from_secs(1));
@@ -404,6 +404,7 @@ impl RunHealer {
     fn start(
         heal: &HealConfig,
         snapshots: watch::Receiver<Arc<CoreSnapshot>>,
+        shim: Box<dyn crate::healer::knobs::ShimControl>,
         loud: bool,
         notes: &mut Vec<String>,
     ) -> Option<Self> {
@@ -423,7 +424,7 @@ impl RunHealer {
             return None;
         }
         let stop = Arc::new(AtomicBool::new(false));
-        match healer::spawn(heal, snapshots, stop.clone()) {
+        match healer::spawn(heal, snapshots, stop.clone(), shim) {
             Ok((handle, views)) => Some(Self {
                 handle,
                 views,
@@ -656,7 +657,13 @@ fn start_agent(opts: &Options, notes: &mut Vec<String>) -> (Agent, bool, Option<
     let healer = if config.heal.mode == config::HealMode::Off {
         None
     } else {
-        RunHealer::start(&config.heal, snapshots.clone(), opts.heal.is_some(), notes)
+        RunHealer::start(
+            &config.heal,
+            snapshots.clone(),
+            crate::healer::shim_control(collector.shim()),
+            opts.heal.is_some(),
+            notes,
+        )
     };
     if let Some(h) = &healer {
         // Its views go into every snapshot from now on.

@@ -168,8 +168,8 @@ pub struct EbpfRead {
 
 /// The loaded probes. Dropping it detaches every program.
 pub struct Probes {
-    /// Owns the programs and their links: dropping it detaches them.
-    _ebpf: Ebpf,
+    /// Owns the programs and their links: dropping it (or [`Source::stop`]) detaches them.
+    ebpf: Option<Ebpf>,
     threads: Map,
     conns: Option<Map>,
     tracked: Map,
@@ -193,6 +193,21 @@ fn down(name: &'static str, reason: String) -> ProbeStatus {
         name,
         up: false,
         reason,
+    }
+}
+
+impl crate::sources::Source for Probes {
+    fn health(&self) -> Vec<ProbeStatus> {
+        self.statuses.clone()
+    }
+
+    /// Detaches every program; the maps stay readable, so a last read still sees the counts.
+    fn stop(&mut self) {
+        if self.ebpf.take().is_some() {
+            for s in &mut self.statuses {
+                *s = down(s.name, "stopped".to_owned());
+            }
+        }
     }
 }
 
@@ -303,7 +318,7 @@ impl Probes {
             source,
         })?;
         let mut probes = Self {
-            _ebpf: ebpf,
+            ebpf: Some(ebpf),
             threads,
             conns,
             tracked,

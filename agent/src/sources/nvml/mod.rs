@@ -837,9 +837,29 @@ impl NvmlThread {
     }
 }
 
+impl crate::sources::Source for NvmlThread {
+    fn health(&self) -> Vec<slo_probe_core::snapshot::ProbeStatus> {
+        let stopped = self.stop.load(Ordering::Relaxed);
+        vec![slo_probe_core::snapshot::ProbeStatus {
+            name: "nvml",
+            up: !stopped,
+            reason: if stopped {
+                "stopped".to_owned()
+            } else {
+                String::new()
+            },
+        }]
+    }
+
+    /// The sampling thread ends after its current period; the history stays.
+    fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
 impl Drop for NvmlThread {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        crate::sources::Source::stop(self);
     }
 }
 

@@ -128,6 +128,9 @@ struct State {
     requested: std::collections::HashMap<u32, (u32, std::time::Instant)>,
     /// `shim.depth_on_demand`: ask the shims for depth while their SLO trees breach.
     depth_on_demand: bool,
+    /// Depths set from outside the SLO engine (the healer's shim-depth strategy), per pid:
+    /// the engine's wants never go below them until they are set back to 0.
+    floors: std::collections::HashMap<u32, u32>,
 }
 
 /// How long a depth request holds in the shim (renewed while it is wanted, so a stopped agent
@@ -389,6 +392,7 @@ impl ShimSource {
             recorder: record_dir,
             requested: std::collections::HashMap::new(),
             depth_on_demand: true,
+            floors: std::collections::HashMap::new(),
         }));
         let sinks = Sinks {
             pipelines,
@@ -506,10 +510,66 @@ impl ShimHandle {
     }
 }
 
+impl ShimHandle {
+    /// The depth floor set for `pid` ([`ShimHandle::set_depth_floor`]; 0 when none is set),
+    /// `None` when no shim of `pid` is connected. Not the depth in force, which follows the SLO
+    /// engine and the shim's duty cycle above the floor.
+    pub fn depth_floor(&self, pid: u32) -> Option<u32> {
+        let state = self.state.upgrade()?;
+        let s = state.lock().ok()?;
+        if !s.conns.iter().any(|c| c.pid == pid && !c.closed) {
+            return None;
+        }
+        Some(s.floors.get(&pid).copied().unwrap_or(DEPTH_TIMING))
+    }
+
+    /// A depth the SLO engine's requests for `pid` never go below (the healer's shim-depth
+    /// strategy): asked of the shim on the next drain, renewed with the engine's requests,
+    /// dropped when the process disconnects; 0 hands the depth back to the engine. At most
+    /// graph-node depth.
+    pub fn set_depth_floor(&self, pid: u32, depth: u32) -> Result<(), &'static str> {
+        let state = self.state.upgrade().ok_or("the shim source has stopped")?;
+        let mut s = state
+            .lock()
+            .map_err(|_| "the shim source's state is poisoned")?;
+        if !s.conns.iter().any(|c| c.pid == pid && !c.closed) {
+            return Err("no shim of that process is connected");
+        }
+        if depth == DEPTH_TIMING {
+            s.floors.remove(&pid);
+        } else {
+            s.floors
+                .insert(pid, depth.min(slo_probe_common::gpu::DEPTH_NODES));
+        }
+        Ok(())
+    }
+}
+
+impl crate::sources::Source for ShimSource {
+    fn health(&self) -> Vec<slo_probe_core::snapshot::ProbeStatus> {
+        let stopped = self.stop.load(Ordering::Relaxed);
+        vec![slo_probe_core::snapshot::ProbeStatus {
+            name: "shim",
+            up: !stopped,
+            reason: if stopped {
+                "stopped".to_owned()
+            } else {
+                String::new()
+            },
+        }]
+    }
+
+    /// The threads stop within a poll period (registrations are refused from then on); the
+    /// socket is removed when the source is dropped.
+    fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
 impl Drop for ShimSource {
     fn drop(&mut self) {
-        // The threads stop within a poll period; the owner removes the socket it bound.
-        self.stop.store(true, Ordering::Relaxed);
+        // The owner, dropped after this, removes the socket it bound.
+        crate::sources::Source::stop(self);
     }
 }
 
@@ -701,6 +761,7 @@ fn drain_all(s: &mut State, sinks: &Sinks, flush: bool) {
         recorder,
         requested,
         depth_on_demand,
+        floors,
     } = s;
     for c in conns.iter_mut() {
         let Some(p) = pipelines.get_mut(c.pid) else {
@@ -751,11 +812,13 @@ fn drain_all(s: &mut State, sinks: &Sinks, flush: bool) {
         let Some(p) = pipelines.get_mut(c.pid) else {
             continue;
         };
-        let want = if *depth_on_demand {
+        let engine = if *depth_on_demand {
             p.wanted_depth()
         } else {
             DEPTH_TIMING
         };
+        let floor = floors.get(&c.pid).copied().unwrap_or(DEPTH_TIMING);
+        let want = engine.max(floor);
         let h = c.ring.header();
         let info = p.info_mut();
         info.depth_wanted = want;
@@ -781,7 +844,9 @@ fn drain_all(s: &mut State, sinks: &Sinks, flush: bool) {
                 log::info!(
                     "pid {}: asked its shim for depth {want} ({})",
                     c.pid,
-                    if want > DEPTH_TIMING {
+                    if want > engine {
+                        "the healer set it"
+                    } else if want > DEPTH_TIMING {
                         "an SLO node breaches"
                     } else {
                         "attribution has what it needs"
@@ -792,6 +857,7 @@ fn drain_all(s: &mut State, sinks: &Sinks, flush: bool) {
         }
     }
     requested.retain(|pid, _| conns.iter().any(|c| c.pid == *pid && !c.closed));
+    floors.retain(|pid, _| conns.iter().any(|c| c.pid == *pid && !c.closed));
     drop(history);
     drop(pipelines);
     let before = conns.len();
