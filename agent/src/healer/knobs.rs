@@ -254,7 +254,7 @@ impl ShimControl for NoShimControl {
     }
 
     fn set_depth(&self, _pid: u32, _depth: u32) -> Result<(), String> {
-        Err("the shim's depth control is not wired in this agent".to_owned())
+        Err("the shim source is not running in this agent".to_owned())
     }
 }
 
@@ -516,7 +516,8 @@ impl KnobIo for HostKnobs {
                 .map(|d| KnobValue::Int(i64::from(d)))
                 .ok_or_else(|| HealError::Unsupported {
                     what: knob.to_string(),
-                    why: "the shim's depth control is not wired in this agent".to_owned(),
+                    why: "no shim of that process is connected (or the shim source is down)"
+                        .to_owned(),
                 }),
             Knob::JobStrategy { pid, strategy } => {
                 Ok(KnobValue::Job(self.channel.entry(*pid, *strategy)?))
