@@ -88,6 +88,20 @@ pub struct OpAgg {
 }
 
 impl OpAgg {
+    fn of(o: &crate::gputrace::OpTime) -> Self {
+        OpAgg {
+            kind: o.kind,
+            gpu_ns: o.gpu_ns,
+            critical_ns: o.critical_ns,
+            count: u64::from(o.kernels),
+            gap_ns: o.gap_ns,
+            wait_ns: o.wait_ns,
+            occ_weighted: o.occupancy.map_or(0.0, |v| v * o.gpu_ns as f64),
+            occ_ns: if o.occupancy.is_some() { o.gpu_ns } else { 0 },
+            bytes: o.bytes,
+        }
+    }
+
     fn add(&mut self, o: &OpAgg) {
         self.gpu_ns = self.gpu_ns.saturating_add(o.gpu_ns);
         self.critical_ns = self.critical_ns.saturating_add(o.critical_ns);
@@ -154,6 +168,45 @@ pub struct Profile {
     /// Sum of the SM clocks NVML saw during the iterations that have NVML data, MHz, and how
     /// many they are.
     pub sm_clock_mhz: (f64, u64),
+    /// The traced node-level iterations (CUDA graphs traced node by node), apart: they tell
+    /// what a graph runs, and [`refine_graph_cause`] compares them with each other only.
+    pub nodes: NodeProfile,
+}
+
+/// A window's node-level iterations summed: per operator as in [`Profile`], where a graph
+/// shows its kernels by the operator that captured them instead of one graph launch.
+#[derive(Clone, Debug, Default)]
+pub struct NodeProfile {
+    /// Node-level iterations.
+    pub iterations: u64,
+    /// Per operator (at most [`MAX_PROFILE_OPS`]; the rest are left out).
+    pub ops: FxHashMap<OpName, OpAgg>,
+}
+
+impl NodeProfile {
+    fn add_iteration(&mut self, it: &Iteration) {
+        self.iterations += 1;
+        for o in &it.ops {
+            let agg = OpAgg::of(o);
+            if let Some(e) = self.ops.get_mut(o.op.as_ref()) {
+                e.add(&agg);
+            } else if self.ops.len() < MAX_PROFILE_OPS {
+                self.ops.insert(OpName(o.op.clone()), agg);
+            }
+        }
+    }
+
+    /// Adds another window's node-level iterations.
+    pub fn merge(&mut self, o: &NodeProfile) {
+        self.iterations += o.iterations;
+        for (k, v) in &o.ops {
+            if let Some(e) = self.ops.get_mut(k) {
+                e.add(v);
+            } else if self.ops.len() < MAX_PROFILE_OPS {
+                self.ops.insert(k.clone(), *v);
+            }
+        }
+    }
 }
 
 impl Profile {
@@ -162,7 +215,10 @@ impl Profile {
         self.iterations += 1;
         self.wall_ns = self.wall_ns.saturating_add(it.step_ns());
         // Node-level iterations show a graph's kernels where the others show one graph
-        // launch: they tell what a graph runs, they are not compared.
+        // launch: they tell what a graph runs, and are compared only with each other.
+        if it.traced && it.graph_nodes > 0 {
+            self.nodes.add_iteration(it);
+        }
         if !it.traced || it.graph_nodes > 0 {
             return;
         }
@@ -173,18 +229,7 @@ impl Profile {
             self.sm_clock_mhz.1 += 1;
         }
         for o in &it.ops {
-            let agg = OpAgg {
-                kind: o.kind,
-                gpu_ns: o.gpu_ns,
-                critical_ns: o.critical_ns,
-                count: u64::from(o.kernels),
-                gap_ns: o.gap_ns,
-                wait_ns: o.wait_ns,
-                occ_weighted: o.occupancy.map_or(0.0, |v| v * o.gpu_ns as f64),
-                occ_ns: if o.occupancy.is_some() { o.gpu_ns } else { 0 },
-                bytes: o.bytes,
-            };
-            self.add_op(&o.op, &agg);
+            self.add_op(&o.op, &OpAgg::of(o));
         }
     }
 
@@ -215,6 +260,7 @@ impl Profile {
         for (k, v) in &o.ops {
             self.add_op(&k.0, v);
         }
+        self.nodes.merge(&o.nodes);
         self.host.add(&o.host);
     }
 
@@ -424,6 +470,84 @@ pub fn attribute(baseline: &Profile, now: &Profile) -> Option<Attribution> {
         iterations: (baseline.iterations, now.iterations),
         traced: (nb, nn),
     })
+}
+
+/// Node-level iterations on each side that [`refine_graph_cause`] needs.
+pub const MIN_NODE_ITERATIONS: u64 = 5;
+
+/// Whether the top cause of `a` is a CUDA graph replayed whole (graph-level records: one
+/// activity per launch, which says that the graph got slower, not what in it).
+pub fn top_is_graph(a: &Attribution, baseline: &Profile, now: &Profile) -> bool {
+    a.top().is_some_and(|c| {
+        let kind = now
+            .ops
+            .get(c.op.as_str())
+            .or_else(|| baseline.ops.get(c.op.as_str()))
+            .map(|o| o.kind);
+        kind == Some(OpKind::Graph)
+    })
+}
+
+/// Where the top cause of `a` is a CUDA graph (see [`top_is_graph`]), names what in it got
+/// slower from node-level iterations of both sides (the shim traces graphs node by node in
+/// short samples while the job is healthy, and on demand once a violation points into a
+/// graph): the node-level operator that grew most takes the top, with its dimension and at most
+/// the graph's delta; the graph keeps the rest of its delta (dropped when none is left). Returns
+/// whether it did; without [`MIN_NODE_ITERATIONS`] on each side, or with no operator grown,
+/// `a` is left as it is.
+pub fn refine_graph_cause(
+    a: &mut Attribution,
+    baseline: &Profile,
+    now: &Profile,
+    node_baseline: &NodeProfile,
+    node_now: &NodeProfile,
+) -> bool {
+    if !top_is_graph(a, baseline, now)
+        || node_baseline.iterations < MIN_NODE_ITERATIONS
+        || node_now.iterations < MIN_NODE_ITERATIONS
+    {
+        return false;
+    }
+    let side = |n: &NodeProfile| Profile {
+        iterations: n.iterations,
+        traced: n.iterations,
+        ops: n.ops.clone(),
+        ..Profile::default()
+    };
+    let Some(inner) = attribute(&side(node_baseline), &side(node_now)) else {
+        return false;
+    };
+    let Some(found) = inner
+        .causes
+        .into_iter()
+        .find(|c| c.op != DATA_LOADING_OP && c.op != LAUNCHES_OP && c.delta_ns > 0.0)
+    else {
+        return false;
+    };
+    let graph = a.causes.remove(0);
+    let delta = found.delta_ns.min(graph.delta_ns);
+    let rest = graph.delta_ns - delta;
+    let detail = format!(
+        "inside {} (node-level trace, {} and {} iterations): {}",
+        graph.op, node_baseline.iterations, node_now.iterations, found.detail
+    );
+    a.causes.insert(
+        0,
+        Cause {
+            delta_ns: delta,
+            detail,
+            ..found
+        },
+    );
+    if rest > 0.0 {
+        a.causes.push(Cause {
+            delta_ns: rest,
+            ..graph
+        });
+        rank(&mut a.causes[1..]);
+    }
+    a.causes.truncate(TOP);
+    true
 }
 
 /// GPU idle before an iteration's first kernel grows when the data comes late, and also when
@@ -903,6 +1027,100 @@ mod tests {
         q.merge(&p);
         assert_eq!(q.ops.len(), MAX_PROFILE_OPS + 1);
         assert_eq!(q.ops[OVERFLOW].count, 200);
+    }
+
+    #[test]
+    fn a_graph_as_the_top_cause_is_looked_into_by_its_node_level_iterations() {
+        const G: OpKind = OpKind::Graph;
+        // Graph-level: the graph grew by 3 ms per iteration, nothing else moved.
+        let before = profile(
+            20,
+            &[
+                ("graph#7", G, 20_000_000, 0, 0.5),
+                ("adam", C, 1_000_000, 0, 0.5),
+            ],
+            0,
+        );
+        let now = profile(
+            20,
+            &[
+                ("graph#7", G, 23_000_000, 0, 0.5),
+                ("adam", C, 1_000_000, 0, 0.5),
+            ],
+            0,
+        );
+        let nodes = |mlp: u64| NodeProfile {
+            iterations: 10,
+            ops: profile(
+                10,
+                &[
+                    ("blocks.1.attn", C, 8_000_000, 0, 0.5),
+                    ("blocks.1.mlp", C, mlp, 0, 0.5),
+                ],
+                0,
+            )
+            .ops,
+        };
+        let mut a = attribute(&before, &now).expect("attribution");
+        assert_eq!(a.top().map(|c| c.op.as_str()), Some("graph#7"));
+        assert!(top_is_graph(&a, &before, &now));
+        // Without node-level iterations on both sides it stays as it is.
+        assert!(!refine_graph_cause(
+            &mut a,
+            &before,
+            &now,
+            &NodeProfile::default(),
+            &nodes(15_000_000)
+        ));
+        assert_eq!(a.top().map(|c| c.op.as_str()), Some("graph#7"));
+        // The module that grew inside takes the top, with its dimension; the graph keeps the rest.
+        assert!(refine_graph_cause(
+            &mut a,
+            &before,
+            &now,
+            &nodes(12_000_000),
+            &nodes(14_500_000)
+        ));
+        let top = a.top().expect("top");
+        assert_eq!(
+            (top.op.as_str(), top.dimension),
+            ("blocks.1.mlp", Dimension::Execution)
+        );
+        assert!((top.delta_ns - 2_500_000.0).abs() < 1.0, "{top:?}");
+        assert!(top.detail.starts_with("inside graph#7"), "{}", top.detail);
+        let graph = a
+            .causes
+            .iter()
+            .find(|c| c.op == "graph#7")
+            .expect("graph keeps the rest");
+        assert!((graph.delta_ns - 500_000.0).abs() < 1.0, "{graph:?}");
+        assert!(!top_is_graph(&a, &before, &now));
+        // Done once: the top is no graph any more.
+        assert!(!refine_graph_cause(
+            &mut a,
+            &before,
+            &now,
+            &nodes(12_000_000),
+            &nodes(14_500_000)
+        ));
+        // An eager operator at the top is not touched.
+        let now_eager = profile(
+            20,
+            &[
+                ("graph#7", G, 20_000_000, 0, 0.5),
+                ("adam", C, 4_000_000, 0, 0.5),
+            ],
+            0,
+        );
+        let mut e = attribute(&before, &now_eager).expect("attribution");
+        assert!(!refine_graph_cause(
+            &mut e,
+            &before,
+            &now_eager,
+            &nodes(12_000_000),
+            &nodes(14_500_000)
+        ));
+        assert_eq!(e.top().map(|c| c.op.as_str()), Some("adam"));
     }
 
     #[test]

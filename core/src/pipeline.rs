@@ -46,6 +46,21 @@ const HOST_EARLY_LIVE: usize = 128;
 /// How often a live view's graph profiles are rebuilt, ns.
 const GRAPH_OPS_PERIOD_NS: u64 = 1_000_000_000;
 
+/// A healthy job that replays CUDA graphs is traced node by node this often, for a short
+/// sample: graph-level records say only that a graph got slower, and the node-level samples
+/// of healthy windows are the baseline that tells what in it did
+/// ([`crate::attribution::refine_graph_cause`]). Node-level tracing costs 0.3–0.5 µs per graph
+/// node (H200, `../shared/research/cupti.md`), so a sample of 10 iterations every 10 s costs a
+/// job well under 0.1% of its time.
+const NODE_SAMPLE_PERIOD_NS: u64 = 10_000_000_000;
+
+/// Node-level iterations a sample lasts, or at most [`NODE_SAMPLE_MAX_NS`] (a shim that does
+/// not trace nodes does not hold the request forever).
+const NODE_SAMPLE_ITERATIONS: u32 = 10;
+
+/// The longest a node-level sample is asked for.
+const NODE_SAMPLE_MAX_NS: u64 = 3_000_000_000;
+
 /// Host samples a recording's pipeline keeps before its windows are fitted.
 const HOST_EARLY_RECORDING: usize = 4096;
 
@@ -151,6 +166,12 @@ pub struct ProcessPipeline {
     now_ns: u64,
     /// When the view's graph profiles were last rebuilt, ns.
     graph_ops_at: u64,
+    /// The process replays CUDA graphs.
+    graphs_seen: bool,
+    /// A node-level sample asked for: since when, and the node-level iterations it still needs.
+    node_sample: Option<(u64, u32)>,
+    /// When the next node-level sample is due, ns.
+    node_sample_due: u64,
 }
 
 impl ProcessPipeline {
@@ -180,6 +201,9 @@ impl ProcessPipeline {
             decode_failed: 0,
             now_ns: 0,
             graph_ops_at: 0,
+            graphs_seen: false,
+            node_sample: None,
+            node_sample_due: 0,
         })
     }
 
@@ -247,6 +271,7 @@ impl ProcessPipeline {
                 e.advance(horizon);
             }
         }
+        self.schedule_node_sample();
         self.publish(gpu, false);
         self.refresh();
     }
@@ -294,6 +319,14 @@ impl ProcessPipeline {
     fn complete(&mut self, done: Vec<Iteration>, horizon: u64) {
         if done.is_empty() {
             return;
+        }
+        for i in &done {
+            self.graphs_seen |= i.graph_launches > 0;
+            if let Some((_, left)) = self.node_sample.as_mut() {
+                if i.traced && i.graph_nodes > 0 {
+                    *left = left.saturating_sub(1);
+                }
+            }
         }
         if self.engine.is_none() {
             let spec = match self.settings.windows {
@@ -399,9 +432,11 @@ impl ProcessPipeline {
     }
 
     /// The depth the shim should trace at for the SLO engine (`gpu::DEPTH_*`): kernels as soon
-    /// as an iteration node breaches (before a violation opens), node by node when the job
-    /// replays CUDA graphs and the attribution so far points into a graph, for as long as an
-    /// attribution needs traced iterations; 0 (the shim's own duty-cycled tier) otherwise.
+    /// as an iteration node breaches (before a violation opens), for as long as an attribution
+    /// needs traced iterations; node by node when the job replays CUDA graphs and the
+    /// attribution points into a graph (until enough node-level iterations of the slowdown
+    /// say what in it), and in short samples while it is healthy (their baseline); 0 (the
+    /// shim's own duty-cycled tier) otherwise.
     pub fn wanted_depth(&self) -> u32 {
         use crate::slo::NodeState;
         use slo_probe_common::gpu::{DEPTH_KERNELS, DEPTH_NODES, DEPTH_TIMING};
@@ -412,6 +447,13 @@ impl ProcessPipeline {
             return DEPTH_TIMING;
         }
         let mut want = DEPTH_TIMING;
+        // What in a graph got slower needs node-level iterations since the slowdown began.
+        if self.engine.as_ref().is_some_and(SloEngine::wants_nodes) {
+            want = DEPTH_NODES;
+        }
+        // No violation open (a node that merely breaches, such as GPU utilisation below its
+        // default objective on a job that never reaches it, does not hold the samples up).
+        let healthy = slo.violations.iter().all(|v| v.closed_ns.is_some());
         for n in slo
             .nodes
             .iter()
@@ -443,7 +485,36 @@ impl ProcessPipeline {
                 want = want.max(DEPTH_KERNELS);
             }
         }
+        // The healthy baseline of what graphs run: a short node-level sample now and then.
+        if healthy && self.node_sample.is_some() {
+            want = want.max(DEPTH_NODES);
+        }
         want
+    }
+
+    /// Starts and ends the node-level samples of a job that replays CUDA graphs (see
+    /// [`NODE_SAMPLE_PERIOD_NS`]): the first as soon as graphs are seen.
+    fn schedule_node_sample(&mut self) {
+        if !self.graphs_seen || self.finished {
+            self.node_sample = None;
+            return;
+        }
+        let now = self.now_ns;
+        match self.node_sample {
+            Some((since, left)) if left == 0 || now >= since + NODE_SAMPLE_MAX_NS => {
+                self.node_sample = None;
+                self.node_sample_due = now + NODE_SAMPLE_PERIOD_NS;
+            }
+            None if now >= self.node_sample_due => {
+                self.node_sample = Some((now, NODE_SAMPLE_ITERATIONS));
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether a node-level sample is being asked for now.
+    pub fn node_sampling(&self) -> bool {
+        self.node_sample.is_some()
     }
 
     /// Step markers left out so far.
@@ -803,5 +874,83 @@ mod tests {
         p.finish(None);
         assert_eq!(p.markers_ignored(), 60);
         assert!(p.snapshot().iterations.iter().all(|i| !i.marked));
+    }
+
+    /// `n` steps of 10 ms from `from` ms under a CUDA graph: one graph-level record each, or
+    /// (`nodes`) its two kernels node by node.
+    fn feed_graph(p: &mut ProcessPipeline, from: u64, n: u64, nodes: bool) -> u64 {
+        use slo_probe_common::GpuGraphRecord;
+        let mut t = from * MS;
+        for k in 0..n {
+            let s = from + k;
+            p.push(&step(s, t, STEP_BEGIN));
+            if nodes {
+                for node in 0..2u64 {
+                    let AnyRecord::GpuKernel(mut r) =
+                        kernel(t + MS / 10 + node * 5 * MS, 4 * MS + 8 * MS / 10)
+                    else {
+                        unreachable!()
+                    };
+                    r.graph_id = 7;
+                    r.graph_node_id = node + 1;
+                    r.correlation_id = s as u32 + 1;
+                    p.push(&AnyRecord::GpuKernel(r));
+                }
+            } else {
+                p.push(&AnyRecord::GpuGraph(GpuGraphRecord {
+                    header: RecordHeader::of::<GpuGraphRecord>(),
+                    start_ns: t + MS / 10,
+                    end_ns: t + 9 * MS + 9 * MS / 10,
+                    launch_ns: t,
+                    correlation_id: s as u32 + 1,
+                    device_id: 0,
+                    context_id: 1,
+                    stream_id: 7,
+                    graph_id: 7,
+                    op_id: 0,
+                    launch_tid: 1,
+                    flags: 0,
+                }));
+            }
+            t += 10 * MS;
+            p.push(&step(s, t, STEP_END));
+        }
+        t
+    }
+
+    #[test]
+    fn a_healthy_graph_job_is_sampled_node_by_node_now_and_then() {
+        use slo_probe_common::gpu::{DEPTH_NODES, DEPTH_TIMING};
+        let mut p = ProcessPipeline::new(7, live()).expect("spec");
+        let end = feed_graph(&mut p, 0, 200, false);
+        p.advance(end + SETTLE_NS, None, true);
+        assert!(p.node_sampling(), "graphs seen: the first sample starts");
+        assert_eq!(p.wanted_depth(), DEPTH_NODES);
+        // Ten node-level iterations end it; the next is due 10 s later.
+        let end = feed_graph(&mut p, 2000 + SETTLE_NS / MS, 10, true);
+        p.advance(end + SETTLE_NS, None, true);
+        assert!(!p.node_sampling());
+        assert_eq!(p.wanted_depth(), DEPTH_TIMING);
+        assert_eq!(
+            p.snapshot()
+                .iterations
+                .iter()
+                .filter(|i| i.graph_nodes > 0)
+                .count(),
+            10
+        );
+        let again = end + SETTLE_NS + NODE_SAMPLE_PERIOD_NS;
+        let end = feed_graph(&mut p, again / MS - 200, 10, false);
+        p.advance(end + SETTLE_NS, None, true);
+        assert!(p.node_sampling(), "due again");
+        // A shim that sends no node-level iterations does not hold the request for long.
+        let end = feed_graph(&mut p, (end + SETTLE_NS) / MS, 400, false);
+        p.advance(end + SETTLE_NS, None, true);
+        assert!(!p.node_sampling(), "given up after {NODE_SAMPLE_MAX_NS} ns");
+        // An eager job is never sampled.
+        let mut e = ProcessPipeline::new(8, live()).expect("spec");
+        let end = feed(&mut e, 0, 200, 10);
+        e.advance(end + SETTLE_NS, None, true);
+        assert!(!e.node_sampling());
     }
 }

@@ -11,7 +11,10 @@ use super::{
     view::{NodeState, NodeView, Severity, SloSnapshot, ThresholdSource, Violation},
 };
 use crate::{
-    attribution::{attribute, Attribution, Profile},
+    attribution::{
+        attribute, refine_graph_cause, top_is_graph, Attribution, NodeProfile, Profile,
+        MIN_NODE_ITERATIONS,
+    },
     gputrace::Iteration,
     host::{HostHistory, HostSample},
 };
@@ -136,6 +139,14 @@ pub struct SloEngine {
     recent: VecDeque<Profile>,
     /// Profiles of recent healthy windows: the baseline for attribution.
     healthy: VecDeque<Profile>,
+    /// Node-level iterations of recent healthy windows that had some (the shim samples graphs
+    /// node by node now and then): the baseline of [`refine_graph_cause`].
+    healthy_nodes: VecDeque<NodeProfile>,
+    /// Node-level iterations of the windows since the iterations last were healthy.
+    fault_nodes: VecDeque<NodeProfile>,
+    /// An open violation's top cause is a CUDA graph that node-level iterations have not
+    /// looked into yet ([`SloEngine::wants_nodes`]).
+    wants_nodes: bool,
     violations: Vec<Violation>,
     next_id: u64,
 }
@@ -169,6 +180,9 @@ pub const MIN_TRACED: u64 = 10;
 
 /// Traced iterations the attribution baseline keeps healthy windows for.
 pub const MIN_BASELINE_TRACED: u64 = 30;
+
+/// Windows of node-level iterations kept, healthy and since the iterations were last healthy.
+const MAX_NODE_WINDOWS: usize = 8;
 
 /// At most this many times `learn_windows` healthy windows make the baseline.
 const MAX_BASELINE_WINDOWS: usize = 10;
@@ -213,6 +227,9 @@ impl SloEngine {
             late: 0,
             last_iteration_end: None,
             profile: Profile::default(),
+            healthy_nodes: VecDeque::new(),
+            fault_nodes: VecDeque::new(),
+            wants_nodes: false,
             recent: VecDeque::new(),
             healthy: VecDeque::new(),
             violations: Vec::new(),
@@ -300,6 +317,7 @@ impl SloEngine {
         self.windows += 1;
         let host = self.host.delta(start, end);
         let mut profile = std::mem::take(&mut self.profile);
+        let nodes = std::mem::take(&mut profile.nodes);
         if let Some(h) = &host {
             profile.host = h.clone();
         }
@@ -450,6 +468,25 @@ impl SloEngine {
         // nodes fed only by traced iterations (GPU time) can still be learning when the
         // iteration time has its threshold and breaches.
         let healthy = !breaching_iteration_nodes && self.nodes.iter().all(|n| n.open.is_none());
+        if healthy {
+            self.fault_nodes.clear();
+            self.wants_nodes = false;
+            if nodes.iterations > 0 {
+                self.healthy_nodes.push_back(nodes);
+                let n =
+                    |h: &VecDeque<NodeProfile>| h.iter().skip(1).map(|p| p.iterations).sum::<u64>();
+                while self.healthy_nodes.len() > MAX_NODE_WINDOWS
+                    || n(&self.healthy_nodes) >= MIN_BASELINE_TRACED
+                {
+                    self.healthy_nodes.pop_front();
+                }
+            }
+        } else if nodes.iterations > 0 {
+            self.fault_nodes.push_back(nodes);
+            while self.fault_nodes.len() > MAX_NODE_WINDOWS {
+                self.fault_nodes.pop_front();
+            }
+        }
         if profile.iterations > 0 && healthy {
             self.healthy.push_back(profile);
             // The last learn windows, and as many more as hold MIN_BASELINE_TRACED traced
@@ -493,6 +530,15 @@ impl SloEngine {
         }
         let attribution = attribute(&baseline, &now);
         let enough = now.traced >= MIN_TRACED;
+        let mut node_baseline = NodeProfile::default();
+        for p in &self.healthy_nodes {
+            node_baseline.merge(p);
+        }
+        let mut node_now = NodeProfile::default();
+        for p in &self.fault_nodes {
+            node_now.merge(p);
+        }
+        let mut wants_nodes = false;
         for &i in which {
             let v = &mut self.violations[i];
             let head = {
@@ -537,11 +583,32 @@ impl SloEngine {
             {
                 v.attribution = attribution.clone();
             }
+            // A graph as the top cause: what in it, from node-level iterations.
+            if let Some(a) = v.attribution.as_mut().filter(|_| v.metric.per_iteration()) {
+                refine_graph_cause(a, &baseline, &now, &node_baseline, &node_now);
+                wants_nodes |=
+                    top_is_graph(a, &baseline, &now) && node_now.iterations < MIN_NODE_ITERATIONS;
+            }
             v.chain = match &v.attribution {
                 Some(a) if v.metric.per_iteration() => a.chain(&head),
                 _ => head,
             };
         }
+        self.wants_nodes = wants_nodes;
+    }
+
+    /// Whether an open violation's top cause is a CUDA graph that the node-level iterations
+    /// since the slowdown began are too few to look into: the pipeline then asks its shim for
+    /// node-level tracing ([`crate::pipeline::ProcessPipeline::wanted_depth`]).
+    pub fn wants_nodes(&self) -> bool {
+        self.wants_nodes
+    }
+
+    /// Node-level iterations in the baseline of healthy windows and since the iterations were
+    /// last healthy.
+    pub fn node_iterations(&self) -> (u64, u64) {
+        let n = |d: &VecDeque<NodeProfile>| d.iter().map(|p| p.iterations).sum();
+        (n(&self.healthy_nodes), n(&self.fault_nodes))
     }
 
     fn prune_violations(&mut self) {
