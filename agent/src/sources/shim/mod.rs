@@ -819,6 +819,7 @@ fn drain_all(s: &mut State, sinks: &Sinks, flush: bool) {
         };
         let floor = floors.get(&c.pid).copied().unwrap_or(DEPTH_TIMING);
         let want = engine.max(floor);
+        let sampling = p.node_sampling();
         let h = c.ring.header();
         let info = p.info_mut();
         info.depth_wanted = want;
@@ -846,6 +847,8 @@ fn drain_all(s: &mut State, sinks: &Sinks, flush: bool) {
                     c.pid,
                     if want > engine {
                         "the healer set it"
+                    } else if sampling && want == slo_probe_common::gpu::DEPTH_NODES {
+                        "a node-level sample of its CUDA graphs while healthy, or a graph to look into"
                     } else if want > DEPTH_TIMING {
                         "an SLO node breaches"
                     } else {
