@@ -451,9 +451,13 @@ impl ProcessPipeline {
         if self.engine.as_ref().is_some_and(SloEngine::wants_nodes) {
             want = DEPTH_NODES;
         }
-        // No violation open (a node that merely breaches, such as GPU utilisation below its
-        // default objective on a job that never reaches it, does not hold the samples up).
-        let healthy = slo.violations.iter().all(|v| v.closed_ns.is_some());
+        // No violation of an iteration node open (a node that merely breaches, such as GPU
+        // utilisation below its default objective on a job that never reaches it, or a host
+        // node's violation, does not hold the samples up).
+        let healthy = slo
+            .violations
+            .iter()
+            .all(|v| v.closed_ns.is_some() || !v.metric.per_iteration());
         for n in slo
             .nodes
             .iter()

@@ -468,7 +468,15 @@ impl SloEngine {
         // nodes fed only by traced iterations (GPU time) can still be learning when the
         // iteration time has its threshold and breaches.
         let healthy = !breaching_iteration_nodes && self.nodes.iter().all(|n| n.open.is_none());
-        if healthy {
+        // What graphs run is judged by the iterations alone: a host node's violation (the main
+        // threads' run-queue wait, open for minutes on a busy node) does not stop the samples.
+        let iterations_healthy = !breaching_iteration_nodes
+            && self
+                .nodes
+                .iter()
+                .filter(|n| n.spec.metric.per_iteration())
+                .all(|n| n.open.is_none());
+        if iterations_healthy {
             self.fault_nodes.clear();
             self.wants_nodes = false;
             if nodes.iterations > 0 {
