@@ -363,6 +363,7 @@ pub fn attribute(baseline: &Profile, now: &Profile) -> Option<Attribution> {
     let (nb, nn) = (baseline.traced, now.traced);
     let empty = OpAgg::default();
     let mut causes: Vec<Cause> = Vec::new();
+    let mut kinds: Vec<OpKind> = Vec::new();
     let mut gap_growth: Vec<f64> = Vec::new();
     let mut names: Vec<&OpName> = now.ops.keys().chain(baseline.ops.keys()).collect();
     names.sort();
@@ -381,6 +382,7 @@ pub fn attribute(baseline: &Profile, now: &Profile) -> Option<Attribution> {
         gap_growth.push(d_gap.max(0.0));
         let kind = if n.count > 0 { n.kind } else { b.kind };
         let (dimension, detail) = classify(kind, b, n, (nb, nn), d_gpu, d_gap);
+        kinds.push(kind);
         causes.push(Cause {
             op: op.0.to_string(),
             dimension,
@@ -389,6 +391,23 @@ pub fn attribute(baseline: &Profile, now: &Profile) -> Option<Attribution> {
             gap_ns: gap,
             detail,
         });
+    }
+    // CUDA graphs replayed whole: torch.compile captures a changed module as a new graph, so
+    // the new graph shows whole and the old one gone. Their grown deltas share the graphs' net
+    // change instead (kinds: `kinds[i]` goes with `causes[i]`).
+    let graph_ops: Vec<usize> = (0..causes.len())
+        .filter(|&i| kinds[i] == OpKind::Graph)
+        .collect();
+    if graph_ops.len() > 1 {
+        let net: f64 = graph_ops.iter().map(|&i| causes[i].delta_ns).sum();
+        let grown: f64 = graph_ops.iter().map(|&i| causes[i].delta_ns.max(0.0)).sum();
+        if grown > 0.0 && net < grown {
+            let share = net.max(0.0) / grown;
+            for &i in &graph_ops {
+                let c = &mut causes[i];
+                c.delta_ns = c.delta_ns.max(0.0) * share;
+            }
+        }
     }
     // Launch gaps grown everywhere rather than before one operator.
     let total_gap: f64 = gap_growth.iter().sum();
@@ -492,7 +511,9 @@ pub fn top_is_graph(a: &Attribution, baseline: &Profile, now: &Profile) -> bool 
 /// slower from node-level iterations of both sides (the shim traces graphs node by node in
 /// short samples while the job is healthy, and on demand once a violation points into a
 /// graph): the node-level operator that grew most takes the top, with its dimension and at most
-/// the graph's delta; the graph keeps the rest of its delta (dropped when none is left). Returns
+/// the graphs' net change (all graphs' time now less before: a changed module captured as a new
+/// graph shows the new graph whole and the old one gone); the top graph keeps what is left of
+/// that change, and the other graph causes go. Returns
 /// whether it did; without [`MIN_NODE_ITERATIONS`] on each side, or with no operator grown,
 /// `a` is left as it is.
 pub fn refine_graph_cause(
@@ -524,9 +545,32 @@ pub fn refine_graph_cause(
     else {
         return false;
     };
+    // The graphs' net change: a job that switches to another graph (torch.compile captures a
+    // changed module as a new graph) shows the new graph whole and the old one gone, and only
+    // their difference is the slowdown.
+    let (nb, nn) = (baseline.traced, now.traced);
+    let graph_time = |p: &Profile, n: u64| {
+        p.ops
+            .values()
+            .filter(|o| o.kind == OpKind::Graph)
+            .map(|o| per(o.critical_ns + o.gap_ns + o.wait_ns, n))
+            .sum::<f64>()
+    };
+    let net = graph_time(now, nn) - graph_time(baseline, nb);
+    let is_graph = |c: &Cause| {
+        now.ops
+            .get(c.op.as_str())
+            .or_else(|| baseline.ops.get(c.op.as_str()))
+            .is_some_and(|o| o.kind == OpKind::Graph)
+    };
     let graph = a.causes.remove(0);
-    let delta = found.delta_ns.min(graph.delta_ns);
-    let rest = graph.delta_ns - delta;
+    a.causes.retain(|c| !is_graph(c));
+    let delta = if net > 0.0 {
+        found.delta_ns.min(net)
+    } else {
+        found.delta_ns
+    };
+    let rest = net - delta;
     let detail = format!(
         "inside {} (node-level trace, {} and {} iterations): {}",
         graph.op, node_baseline.iterations, node_now.iterations, found.detail
@@ -1103,6 +1147,33 @@ mod tests {
             &nodes(12_000_000),
             &nodes(14_500_000)
         ));
+        // A changed module captured as a new graph: the new graph whole, the old one gone;
+        // only their difference is shared out.
+        let switched = profile(
+            20,
+            &[
+                ("graph#9", G, 23_000_000, 0, 0.5),
+                ("adam", C, 1_000_000, 0, 0.5),
+            ],
+            0,
+        );
+        let mut s = attribute(&before, &switched).expect("attribution");
+        assert_eq!(s.top().map(|c| c.op.as_str()), Some("graph#9"));
+        // Netted already: +23 ms new and -20 ms gone make +3 ms.
+        assert!(
+            s.top().is_some_and(|c| (c.delta_ns - 3e6).abs() < 1.0),
+            "{s:?}"
+        );
+        assert!(refine_graph_cause(
+            &mut s,
+            &before,
+            &switched,
+            &nodes(12_000_000),
+            &nodes(14_500_000)
+        ));
+        let sum: f64 = s.causes.iter().map(|c| c.delta_ns).sum();
+        assert!((sum - 3_000_000.0).abs() < 1.0, "{s:?}");
+        assert_eq!(s.top().map(|c| c.op.as_str()), Some("blocks.1.mlp"));
         // An eager operator at the top is not touched.
         let now_eager = profile(
             20,
