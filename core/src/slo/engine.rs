@@ -181,6 +181,21 @@ pub const MIN_TRACED: u64 = 10;
 /// Traced iterations the attribution baseline keeps healthy windows for.
 pub const MIN_BASELINE_TRACED: u64 = 30;
 
+/// The baseline learned from windows' values: tails vary from window to window more than
+/// centres, so the upper quartile of them for P99 and jitter, the median otherwise.
+fn learned(mut v: Vec<f64>, stat: Stat) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let q = match stat {
+        Stat::P99 | Stat::Jitter => 0.75,
+        _ => 0.5,
+    };
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+/// A node whose objective is to stay below its baseline learns it again once that many
+/// consecutive windows ([`SloSpec::learn_windows`]) came in under this share of it.
+const RELEARN_BELOW: f64 = 0.5;
+
 /// Windows of node-level iterations kept, healthy and since the iterations were last healthy.
 const MAX_NODE_WINDOWS: usize = 8;
 
@@ -378,19 +393,27 @@ impl SloEngine {
             if node.baseline.is_none() {
                 node.learning.push(value);
                 if node.learning.len() >= spec.learn_windows as usize {
-                    let mut v = std::mem::take(&mut node.learning);
-                    v.sort_by(f64::total_cmp);
-                    // Tails vary from window to window more than centres: the upper quartile
-                    // of the learning windows for P99 and jitter, the median otherwise.
-                    let q = match node.spec.stat {
-                        Stat::P99 | Stat::Jitter => 0.75,
-                        _ => 0.5,
-                    };
-                    node.baseline = Some(v[((v.len() - 1) as f64 * q).round() as usize]);
+                    node.baseline =
+                        Some(learned(std::mem::take(&mut node.learning), node.spec.stat));
                 }
-            } else if met && node.open.is_none() {
-                if let Some(b) = node.baseline.as_mut() {
-                    *b = 0.98 * *b + 0.02 * value;
+            } else if node.spec.objective == Objective::Below
+                && node.baseline.is_some_and(|b| value < RELEARN_BELOW * b)
+            {
+                // Far below its baseline for learn_windows windows in a row: the baseline was
+                // learned from a warm-up (torch.compile compiling and autotuning for seconds a
+                // step, H200 2026-12-03: an 836 ms iteration threshold for 26 ms steps, so no
+                // fault breached live). Learn it again from these windows.
+                node.learning.push(value);
+                if node.learning.len() >= spec.learn_windows as usize {
+                    node.baseline =
+                        Some(learned(std::mem::take(&mut node.learning), node.spec.stat));
+                }
+            } else {
+                node.learning.clear();
+                if met && node.open.is_none() {
+                    if let Some(b) = node.baseline.as_mut() {
+                        *b = 0.98 * *b + 0.02 * value;
+                    }
                 }
             }
             let may_open = source != ThresholdSource::Default;
@@ -798,6 +821,26 @@ mod tests {
             e.advance(t);
         }
         e.advance(end);
+    }
+
+    #[test]
+    fn a_baseline_learned_from_a_warm_up_is_learned_again() {
+        let mut e = SloEngine::new(spec()).expect("spec");
+        // Compiling: 800 ms steps make the baseline; then 26 ms steps.
+        run(&mut e, 0, 5, |_| 800.0);
+        run(&mut e, 5, 5, |_| 26.0);
+        let n = e.snapshot();
+        let (t, _) = n
+            .node("iteration")
+            .and_then(|n| n.threshold)
+            .expect("threshold");
+        assert!(t < 40.0, "learned again from the fast windows: {t}");
+        // A fault at 39 ms now opens a violation.
+        run(&mut e, 10, 3, |_| 39.0);
+        assert!(e
+            .violations()
+            .iter()
+            .any(|v| v.node == "iteration" && v.opened_ns >= 10_000 * MS));
     }
 
     #[test]
