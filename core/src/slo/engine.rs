@@ -396,24 +396,26 @@ impl SloEngine {
                     node.baseline =
                         Some(learned(std::mem::take(&mut node.learning), node.spec.stat));
                 }
-            } else if node.spec.objective == Objective::Below
-                && node.baseline.is_some_and(|b| value < RELEARN_BELOW * b)
-            {
-                // Far below its baseline for learn_windows windows in a row: the baseline was
-                // learned from a warm-up (torch.compile compiling and autotuning for seconds a
-                // step, H200 2026-12-03: an 836 ms iteration threshold for 26 ms steps, so no
-                // fault breached live). Learn it again from these windows.
-                node.learning.push(value);
-                if node.learning.len() >= spec.learn_windows as usize {
-                    node.baseline =
-                        Some(learned(std::mem::take(&mut node.learning), node.spec.stat));
-                }
             } else {
-                node.learning.clear();
                 if met && node.open.is_none() {
                     if let Some(b) = node.baseline.as_mut() {
                         *b = 0.98 * *b + 0.02 * value;
                     }
+                }
+                // Far below its baseline for learn_windows windows in a row: the baseline was
+                // learned from a warm-up (torch.compile compiling and autotuning for seconds a
+                // step, H200 2026-12-03: an 836 ms iteration threshold for 26 ms steps, so no
+                // fault breached live). Learn it again from these windows.
+                let far_below = node.spec.objective == Objective::Below
+                    && node.baseline.is_some_and(|b| value < RELEARN_BELOW * b);
+                if far_below {
+                    node.learning.push(value);
+                    if node.learning.len() >= spec.learn_windows as usize {
+                        node.baseline =
+                            Some(learned(std::mem::take(&mut node.learning), node.spec.stat));
+                    }
+                } else {
+                    node.learning.clear();
                 }
             }
             let may_open = source != ThresholdSource::Default;
