@@ -187,12 +187,7 @@ impl NodeProfile {
     fn add_iteration(&mut self, it: &Iteration) {
         self.iterations += 1;
         for o in &it.ops {
-            let agg = OpAgg::of(o);
-            if let Some(e) = self.ops.get_mut(o.op.as_ref()) {
-                e.add(&agg);
-            } else if self.ops.len() < MAX_PROFILE_OPS {
-                self.ops.insert(OpName(o.op.clone()), agg);
-            }
+            self.add_op(&o.op, &OpAgg::of(o));
         }
     }
 
@@ -200,11 +195,15 @@ impl NodeProfile {
     pub fn merge(&mut self, o: &NodeProfile) {
         self.iterations += o.iterations;
         for (k, v) in &o.ops {
-            if let Some(e) = self.ops.get_mut(k) {
-                e.add(v);
-            } else if self.ops.len() < MAX_PROFILE_OPS {
-                self.ops.insert(k.clone(), *v);
-            }
+            self.add_op(&k.0, v);
+        }
+    }
+
+    fn add_op(&mut self, op: &Arc<str>, agg: &OpAgg) {
+        if let Some(e) = self.ops.get_mut(op.as_ref()) {
+            e.add(agg);
+        } else if self.ops.len() < MAX_PROFILE_OPS {
+            self.ops.insert(OpName(op.clone()), *agg);
         }
     }
 }
@@ -497,14 +496,15 @@ pub const MIN_NODE_ITERATIONS: u64 = 5;
 /// Whether the top cause of `a` is a CUDA graph replayed whole (graph-level records: one
 /// activity per launch, which says that the graph got slower, not what in it).
 pub fn top_is_graph(a: &Attribution, baseline: &Profile, now: &Profile) -> bool {
-    a.top().is_some_and(|c| {
-        let kind = now
-            .ops
-            .get(c.op.as_str())
-            .or_else(|| baseline.ops.get(c.op.as_str()))
-            .map(|o| o.kind);
-        kind == Some(OpKind::Graph)
-    })
+    a.top().is_some_and(|c| is_graph(c, baseline, now))
+}
+
+/// Whether a cause is an operator of kind [`OpKind::Graph`] on either side.
+fn is_graph(c: &Cause, baseline: &Profile, now: &Profile) -> bool {
+    now.ops
+        .get(c.op.as_str())
+        .or_else(|| baseline.ops.get(c.op.as_str()))
+        .is_some_and(|o| o.kind == OpKind::Graph)
 }
 
 /// Where the top cause of `a` is a CUDA graph (see [`top_is_graph`]), names what in it got
@@ -557,14 +557,8 @@ pub fn refine_graph_cause(
             .sum::<f64>()
     };
     let net = graph_time(now, nn) - graph_time(baseline, nb);
-    let is_graph = |c: &Cause| {
-        now.ops
-            .get(c.op.as_str())
-            .or_else(|| baseline.ops.get(c.op.as_str()))
-            .is_some_and(|o| o.kind == OpKind::Graph)
-    };
     let graph = a.causes.remove(0);
-    a.causes.retain(|c| !is_graph(c));
+    a.causes.retain(|c| !is_graph(c, baseline, now));
     let delta = if net > 0.0 {
         found.delta_ns.min(net)
     } else {

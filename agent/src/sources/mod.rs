@@ -24,6 +24,20 @@ pub trait Source: Send {
     fn stop(&mut self);
 }
 
+/// The one family of a source whose threads run until `stop` is set: up, or down as stopped.
+pub fn flag_health(name: &'static str, stop: &std::sync::atomic::AtomicBool) -> Vec<ProbeStatus> {
+    let stopped = stop.load(std::sync::atomic::Ordering::Relaxed);
+    vec![ProbeStatus {
+        name,
+        up: !stopped,
+        reason: if stopped {
+            "stopped".to_owned()
+        } else {
+            String::new()
+        },
+    }]
+}
+
 /// A source that did not start: its families, all down for one reason.
 #[derive(Clone, Debug)]
 pub struct Down {

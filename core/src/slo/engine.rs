@@ -390,33 +390,25 @@ impl SloEngine {
                 node.judged.pop_front();
             }
             // Learn the baseline; afterwards follow healthy windows slowly.
-            if node.baseline.is_none() {
+            if met && node.open.is_none() {
+                if let Some(b) = node.baseline.as_mut() {
+                    *b = 0.98 * *b + 0.02 * value;
+                }
+            }
+            // Far below its baseline for learn_windows windows in a row: the baseline was
+            // learned from a warm-up (torch.compile compiling and autotuning for seconds a step,
+            // H200 2026-12-03: an 836 ms iteration threshold for 26 ms steps, so no fault
+            // breached live). Learn it again from these windows.
+            let far_below = node.spec.objective == Objective::Below
+                && node.baseline.is_some_and(|b| value < RELEARN_BELOW * b);
+            if node.baseline.is_none() || far_below {
                 node.learning.push(value);
                 if node.learning.len() >= spec.learn_windows as usize {
                     node.baseline =
                         Some(learned(std::mem::take(&mut node.learning), node.spec.stat));
                 }
             } else {
-                if met && node.open.is_none() {
-                    if let Some(b) = node.baseline.as_mut() {
-                        *b = 0.98 * *b + 0.02 * value;
-                    }
-                }
-                // Far below its baseline for learn_windows windows in a row: the baseline was
-                // learned from a warm-up (torch.compile compiling and autotuning for seconds a
-                // step, H200 2026-12-03: an 836 ms iteration threshold for 26 ms steps, so no
-                // fault breached live). Learn it again from these windows.
-                let far_below = node.spec.objective == Objective::Below
-                    && node.baseline.is_some_and(|b| value < RELEARN_BELOW * b);
-                if far_below {
-                    node.learning.push(value);
-                    if node.learning.len() >= spec.learn_windows as usize {
-                        node.baseline =
-                            Some(learned(std::mem::take(&mut node.learning), node.spec.stat));
-                    }
-                } else {
-                    node.learning.clear();
-                }
+                node.learning.clear();
             }
             let may_open = source != ThresholdSource::Default;
             if met {
@@ -635,13 +627,6 @@ impl SloEngine {
     /// node-level tracing ([`crate::pipeline::ProcessPipeline::wanted_depth`]).
     pub fn wants_nodes(&self) -> bool {
         self.wants_nodes
-    }
-
-    /// Node-level iterations in the baseline of healthy windows and since the iterations were
-    /// last healthy.
-    pub fn node_iterations(&self) -> (u64, u64) {
-        let n = |d: &VecDeque<NodeProfile>| d.iter().map(|p| p.iterations).sum();
-        (n(&self.healthy_nodes), n(&self.fault_nodes))
     }
 
     fn prune_violations(&mut self) {

@@ -839,16 +839,7 @@ impl NvmlThread {
 
 impl crate::sources::Source for NvmlThread {
     fn health(&self) -> Vec<slo_probe_core::snapshot::ProbeStatus> {
-        let stopped = self.stop.load(Ordering::Relaxed);
-        vec![slo_probe_core::snapshot::ProbeStatus {
-            name: "nvml",
-            up: !stopped,
-            reason: if stopped {
-                "stopped".to_owned()
-            } else {
-                String::new()
-            },
-        }]
+        crate::sources::flag_health("nvml", &self.stop)
     }
 
     /// The sampling thread ends after its current period; the history stays.

@@ -515,12 +515,8 @@ impl ShimHandle {
     /// `None` when no shim of `pid` is connected. Not the depth in force, which follows the SLO
     /// engine and the shim's duty cycle above the floor.
     pub fn depth_floor(&self, pid: u32) -> Option<u32> {
-        let state = self.state.upgrade()?;
-        let s = state.lock().ok()?;
-        if !s.conns.iter().any(|c| c.pid == pid && !c.closed) {
-            return None;
-        }
-        Some(s.floors.get(&pid).copied().unwrap_or(DEPTH_TIMING))
+        self.with_connected(pid, |s| s.floors.get(&pid).copied().unwrap_or(DEPTH_TIMING))
+            .ok()
     }
 
     /// A depth the SLO engine's requests for `pid` never go below (the healer's shim-depth
@@ -528,6 +524,22 @@ impl ShimHandle {
     /// dropped when the process disconnects; 0 hands the depth back to the engine. At most
     /// graph-node depth.
     pub fn set_depth_floor(&self, pid: u32, depth: u32) -> Result<(), &'static str> {
+        self.with_connected(pid, |s| {
+            if depth == DEPTH_TIMING {
+                s.floors.remove(&pid);
+            } else {
+                s.floors
+                    .insert(pid, depth.min(slo_probe_common::gpu::DEPTH_NODES));
+            }
+        })
+    }
+
+    /// `f` on the source's state while a shim of `pid` is connected.
+    fn with_connected<R>(
+        &self,
+        pid: u32,
+        f: impl FnOnce(&mut State) -> R,
+    ) -> Result<R, &'static str> {
         let state = self.state.upgrade().ok_or("the shim source has stopped")?;
         let mut s = state
             .lock()
@@ -535,28 +547,13 @@ impl ShimHandle {
         if !s.conns.iter().any(|c| c.pid == pid && !c.closed) {
             return Err("no shim of that process is connected");
         }
-        if depth == DEPTH_TIMING {
-            s.floors.remove(&pid);
-        } else {
-            s.floors
-                .insert(pid, depth.min(slo_probe_common::gpu::DEPTH_NODES));
-        }
-        Ok(())
+        Ok(f(&mut s))
     }
 }
 
 impl crate::sources::Source for ShimSource {
     fn health(&self) -> Vec<slo_probe_core::snapshot::ProbeStatus> {
-        let stopped = self.stop.load(Ordering::Relaxed);
-        vec![slo_probe_core::snapshot::ProbeStatus {
-            name: "shim",
-            up: !stopped,
-            reason: if stopped {
-                "stopped".to_owned()
-            } else {
-                String::new()
-            },
-        }]
+        crate::sources::flag_health("shim", &self.stop)
     }
 
     /// The threads stop within a poll period (registrations are refused from then on); the
