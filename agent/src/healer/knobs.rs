@@ -107,6 +107,23 @@ impl Knob {
             Self::Cgroup { .. } => None,
         }
     }
+
+    /// A cgroup's `cpu.idle`. Its value reads "IDLE WEIGHT": the kernel sets a group's weight
+    /// to the default when it leaves idle (v1 `cpu.shares` 1024, v2 `cpu.weight` 100; seen on
+    /// the H200 where a neighbour's weight of 400 came back as 100 after an undo), so the
+    /// weight it had travels with the flag and is written back after it.
+    pub fn is_cpu_idle(&self) -> bool {
+        matches!(self, Self::Cgroup { file, .. } if file == "cpu.idle")
+    }
+}
+
+/// The weight file beside a cgroup's `cpu.idle` (v2 `cpu.weight`, v1 `cpu.shares`).
+fn weight_file(idle: &std::path::Path) -> Option<std::path::PathBuf> {
+    let dir = idle.parent()?;
+    ["cpu.weight", "cpu.shares"]
+        .into_iter()
+        .map(|f| dir.join(f))
+        .find(|p| p.exists())
 }
 
 impl fmt::Display for Knob {
@@ -155,7 +172,12 @@ impl KnobValue {
         match (self, other) {
             (Self::Text(a), Self::Text(b)) => {
                 let cpus = matches!(knob, Knob::Cgroup { file, .. } if file.starts_with("cpuset."));
-                if cpus {
+                if knob.is_cpu_idle() {
+                    // "IDLE [WEIGHT]" (see [`Knob::is_cpu_idle`]): the flag, and the weight
+                    // where both sides name one.
+                    let (mut a, mut b) = (a.split_whitespace(), b.split_whitespace());
+                    a.next() == b.next() && a.zip(b).all(|(x, y)| x == y)
+                } else if cpus {
                     parse_cpu_list(a) == parse_cpu_list(b)
                 } else {
                     a.split_whitespace().eq(b.split_whitespace())
@@ -469,6 +491,13 @@ impl KnobIo for HostKnobs {
                     })
             }
             Knob::Cgroup { path, .. } => match std::fs::read_to_string(path) {
+                Ok(t) if knob.is_cpu_idle() => {
+                    let weight = weight_file(path)
+                        .and_then(|w| std::fs::read_to_string(w).ok())
+                        .map(|w| format!(" {}", w.trim()))
+                        .unwrap_or_default();
+                    Ok(KnobValue::Text(format!("{}{weight}", t.trim())))
+                }
                 Ok(t) => Ok(KnobValue::Text(t.trim().to_owned())),
                 // The cgroup was removed: nothing left to restore.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(HealError::Gone {
@@ -618,6 +647,22 @@ impl KnobIo for HostKnobs {
                 }
                 Ok(())
             }
+            (Knob::Cgroup { path, .. }, KnobValue::Text(t)) if knob.is_cpu_idle() => {
+                // The flag first; leaving idle resets the weight to the default, so the weight
+                // it had is written after it.
+                let mut f = t.split_whitespace();
+                let idle = f.next().unwrap_or_default();
+                let err = |source| HealError::Knob {
+                    knob: knob.to_string(),
+                    op: "write",
+                    source,
+                };
+                std::fs::write(path, idle).map_err(err)?;
+                match (idle, f.next(), weight_file(path)) {
+                    ("0", Some(w), Some(file)) => std::fs::write(file, w).map_err(err),
+                    _ => Ok(()),
+                }
+            }
             (Knob::Cgroup { path, .. }, KnobValue::Text(t)) => {
                 std::fs::write(path, t).map_err(|source| HealError::Knob {
                     knob: knob.to_string(),
@@ -741,6 +786,49 @@ mod tests {
         assert!(
             !KnobValue::Text("1000 100000".into()).same(&KnobValue::Text("max 100000".into()), &k)
         );
+    }
+
+    /// A real cgroup (v1 cpu on the CI VM; root): the kernel sets the weight to the default
+    /// when a group leaves idle, so an undo of `cpu.idle` alone lost a neighbour's weight.
+    #[test]
+    fn an_undone_cpu_idle_gives_the_group_its_weight_back() {
+        let root = std::path::Path::new("/sys/fs/cgroup/cpu");
+        let dir = root.join(format!("slo-probe-idle-{}", std::process::id()));
+        let _ = std::fs::remove_dir(&dir);
+        if std::fs::create_dir(&dir).is_err() || !dir.join("cpu.idle").exists() {
+            eprintln!("skipped: no writable v1 cpu controller with cpu.idle at {root:?}");
+            let _ = std::fs::remove_dir(&dir);
+            return;
+        }
+        std::fs::write(dir.join("cpu.shares"), "4096").expect("shares");
+        let mut io = HostKnobs {
+            channel: crate::healer::channel::Channel::new(std::env::temp_dir()),
+            shim: Box::new(NoShimControl),
+        };
+        let k = Knob::Cgroup {
+            cgroup: "/n".into(),
+            file: "cpu.idle".into(),
+            path: dir.join("cpu.idle"),
+        };
+        let prior = io.read(&k).expect("read");
+        assert_eq!(prior, KnobValue::Text("0 4096".into()));
+        let value = KnobValue::Text("1".into());
+        io.write(&k, &value).expect("idle");
+        let now = io.read(&k).expect("read");
+        assert!(now.same(&value, &k), "{now}");
+        assert!(!now.same(&prior, &k), "{now}");
+        let r = crate::healer::journal::restore(
+            &mut io,
+            &[crate::healer::journal::Change {
+                knob: k.clone(),
+                prior: prior.clone(),
+                value,
+            }],
+        );
+        let shares = std::fs::read_to_string(dir.join("cpu.shares")).unwrap_or_default();
+        let _ = std::fs::remove_dir(&dir);
+        assert!(r.failed.is_empty() && r.left.is_empty(), "{r:?}");
+        assert_eq!(shares.trim(), "4096", "the weight it had before the action");
     }
 
     #[test]
