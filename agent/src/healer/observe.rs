@@ -154,6 +154,7 @@ fn nodes(slo: &SloSnapshot) -> BTreeMap<String, NodeObs> {
                     value: n.value?,
                     higher_is_better: n.objective? == Objective::Above,
                     guarded: n.weight > 0.0,
+                    windows: n.windows,
                 },
             ))
         })

@@ -79,6 +79,11 @@ pub const DEFAULT_STRATEGY_COOLDOWN_S: f64 = 300.0;
 pub const DEFAULT_MAX_ACTIONS_PER_HOUR: u32 = 12;
 /// Default longest wait for the after window, s (then the action is rolled back).
 pub const DEFAULT_VERIFY_TIMEOUT_S: f64 = 120.0;
+/// Longest a verdict to keep waits for the other guarded nodes to have
+/// [`verify::MIN_NODE_SAMPLES`] windows judged since the action (s, at most the verify
+/// timeout); after it they are left unjudged. Their windows are often longer than the after
+/// window of iterations (a 10 s SLO window against 40 iterations of 25 ms).
+pub const SIDE_EFFECT_WAIT_S: f64 = 30.0;
 /// Default longest wait for an actuator's outcome, s.
 pub const DEFAULT_ACT_TIMEOUT_S: f64 = 10.0;
 /// Default time a kept strategy stays in force once the job is healthy, s (0: until undone).
@@ -783,6 +788,8 @@ pub struct Healer {
     tuner: Tuner,
     /// Last iteration end seen.
     last_end_ns: u64,
+    /// Each node's judged windows at the last observation (see [`NodeObs::windows`]).
+    node_windows: BTreeMap<String, u64>,
     /// Recent iterations (the before window is taken from here).
     recent: VecDeque<IterationSample>,
     /// Healthy iterations (the baseline), ms, with their end times.
@@ -847,6 +854,7 @@ impl Healer {
             action: None,
             in_force: Vec::new(),
             last_end_ns: 0,
+            node_windows: BTreeMap::new(),
             recent: VecDeque::new(),
             healthy: VecDeque::new(),
             first_end_ns: None,
@@ -966,12 +974,25 @@ impl Healer {
         }
         // Healthy data only while nothing is being tried and nothing is open.
         let healthy = !violated && self.action.is_none();
+        // Only the nodes whose value is new this tick (a window judged since the last): a
+        // value repeated while its node had no data would weigh as many samples as ticks
+        // (the side-effect test on the H200 judged GPU utilisation on values held over from
+        // the shim's last sample window).
+        let nodes: BTreeMap<String, NodeObs> = obs
+            .nodes
+            .iter()
+            .filter(|(name, n)| {
+                let last = self.node_windows.insert((*name).clone(), n.windows);
+                n.windows == 0 || last != Some(n.windows)
+            })
+            .map(|(name, n)| (name.clone(), n.clone()))
+            .collect();
         let tick = Tick {
             at_ns: obs.at_ns,
             cpu: obs.host_cpu_util,
             gpu: obs.gpu_util,
             jitter: obs.sync_jitter_ms,
-            nodes: obs.nodes.clone(),
+            nodes,
         };
         let cap = self.window_iterations() * 4;
         for s in obs
@@ -1013,7 +1034,7 @@ impl Healer {
             .filter(|a| a.applied_ns.is_some_and(|t| obs.at_ns > t))
         {
             if a.settle_left == 0 {
-                for (name, n) in &obs.nodes {
+                for (name, n) in &tick.nodes {
                     a.after_nodes.entry(name.clone()).or_default().push(n.value);
                 }
                 a.after_cpu.extend(obs.host_cpu_util);
@@ -1521,6 +1542,19 @@ impl Healer {
         };
         if reason.is_none() && !final_stage {
             return Decision::Nothing;
+        }
+        let waited = now.saturating_sub(applied);
+        let wait = SIDE_EFFECT_WAIT_S.min(cfg.verify_timeout_s);
+        if reason.is_none() && waited < (wait * NS) as u64 {
+            let unjudged = obs.nodes.iter().any(|(name, n)| {
+                n.guarded
+                    && *name != a.violated_node
+                    && a.before_nodes.get(name).map_or(0, Vec::len) >= verify::MIN_NODE_SAMPLES
+                    && a.after_nodes.get(name).map_or(0, Vec::len) < verify::MIN_NODE_SAMPLES
+            });
+            if unjudged {
+                return Decision::Nothing; // the side effects are not known yet
+            }
         }
         let arm = a.arm;
         self.tuner.update(arm, &o, after.len() as f64);

@@ -26,6 +26,11 @@ pub struct NodeObs {
     pub higher_is_better: bool,
     /// Counted in the side-effect budget (the tree's weighted nodes).
     pub guarded: bool,
+    /// Windows judged so far. The value is new when this grew since the last observation: a
+    /// node without data in a window (GPU utilisation outside the shim's sample windows) keeps
+    /// its last value, which must not count again. 0: unknown, every observation is new.
+    #[serde(default)]
+    pub windows: u64,
 }
 
 /// The host cause of an open violation, as the policy matches it.

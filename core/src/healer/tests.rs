@@ -36,6 +36,10 @@ struct Sim {
     /// Report GPU utilisation as a launch-bound job's: 0.9 at the base step time, down in
     /// proportion as steps get longer (else none is reported).
     util: bool,
+    /// The "compute" node is judged only when a strategy was applied or reverted, at half
+    /// its value (a window the shim sampled in part), and keeps that value between (else it is
+    /// judged every tick; see [`NodeObs::windows`]).
+    compute_held: Option<(u64, f64, usize)>,
 }
 
 impl Sim {
@@ -54,6 +58,7 @@ impl Sim {
             unavailable: BTreeMap::new(),
             early_since: 0,
             util: false,
+            compute_held: None,
         }
     }
 
@@ -108,13 +113,23 @@ impl Sim {
             .iter()
             .fold(self.gpu, |g, s| g * (self.gpu_effect)(*s))
             + 0.1 * self.noise.normal();
+        let (value, windows) = match self.compute_held {
+            None => (gpu, 0),
+            Some((w, v, n)) if n == self.in_force.len() => (v, w),
+            Some((w, _, _)) => {
+                let held = (w + 1, gpu * 0.5, self.in_force.len());
+                self.compute_held = Some(held);
+                (held.1, held.0)
+            }
+        };
         let mut nodes = BTreeMap::new();
         nodes.insert(
             "compute".to_owned(),
             NodeObs {
-                value: gpu,
+                value,
                 higher_is_better: true,
                 guarded: true,
+                windows,
             },
         );
         JobObservation {
@@ -377,6 +392,26 @@ fn a_side_effect_on_another_node_rolls_back() {
         }
         other => panic!("{other:?} in {d:?}"),
     }
+}
+
+/// A node's value held over while it has no new window counts once: the H200 run of
+/// 2026-12-03 rolled back every action for "GPU utilisation worse by 10-65%" judged on values
+/// the node kept from the shim's last sample window, repeated once a tick.
+#[test]
+fn a_held_node_value_is_no_side_effect() {
+    let (mut h, mut sim) = healthy_start(|_| Effect::Fixes);
+    sim.compute_held = Some((1, 90.0, 0));
+    sim.fault_on();
+    let d = run(&mut h, &mut sim, 60, None);
+    assert!(
+        d.iter().any(|(_, d)| matches!(d, Decision::Apply { .. })),
+        "{d:?}"
+    );
+    assert!(
+        !d.iter().any(|(_, d)| matches!(d, Decision::Revert { .. })),
+        "{d:?}"
+    );
+    assert!(events(&h).contains(&"kept"), "{:?}", events(&h));
 }
 
 #[test]

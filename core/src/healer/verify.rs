@@ -139,6 +139,9 @@ pub fn compare(before: &[f64], after: &[f64]) -> Option<Comparison> {
     })
 }
 
+/// Values a node needs on each side before its change can count as a side effect.
+pub const MIN_NODE_SAMPLES: usize = 3;
+
 /// How much a node got worse from `before` to `after` (values sampled once per tick), as a
 /// fraction of its before mean, when that counts as a side effect: worse by more than
 /// `budget` and by more than twice the standard error of the difference (so that noise alone
@@ -149,6 +152,9 @@ pub fn side_effect(
     higher_is_better: bool,
     budget: f64,
 ) -> Option<f64> {
+    if before.len() < MIN_NODE_SAMPLES || after.len() < MIN_NODE_SAMPLES {
+        return None; // too few windows judged on a side to tell anything
+    }
     let (mb, ma) = (mean(before)?, mean(after)?);
     let worse_by = if higher_is_better { mb - ma } else { ma - mb };
     let scale = mb.abs().max(1e-9);
@@ -272,5 +278,7 @@ mod tests {
         // Lower-is-better node up 1% but within its noise: not counted.
         let noisy = [10.0, 14.0, 6.0, 12.0, 8.0];
         assert!(side_effect(&noisy, &[10.1, 14.1, 6.1, 12.1, 8.1], false, 0.005).is_none());
+        // One or two windows after: not enough to judge, however far down.
+        assert!(side_effect(&before, &[45.0, 45.0], true, 0.005).is_none());
     }
 }
