@@ -265,6 +265,8 @@ pub fn observe(s: &Snapshot, extra: &HostExtra) -> Vec<Observed> {
                 host_cpu_util: extra.host_cpu_util,
                 gpu_util: node("compute").and_then(|n| n.value).map(|v| v / 100.0),
                 sync_jitter_ms: node("communication").and_then(|n| n.value),
+                gpu_util_windows: node("compute").map_or(0, |n| n.windows),
+                sync_jitter_windows: node("communication").map_or(0, |n| n.windows),
                 nodes: slo.map(nodes).unwrap_or_default(),
                 violation: slo.and_then(violation),
                 iterations,

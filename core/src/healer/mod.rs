@@ -987,11 +987,21 @@ impl Healer {
             })
             .map(|(name, n)| (name.clone(), n.clone()))
             .collect();
+        let mut fresh = |key: &str, windows: u64| {
+            let last = self.node_windows.insert(key.to_owned(), windows);
+            windows == 0 || last != Some(windows)
+        };
+        let gpu = obs
+            .gpu_util
+            .filter(|_| fresh("(gpu_util)", obs.gpu_util_windows));
+        let jitter = obs
+            .sync_jitter_ms
+            .filter(|_| fresh("(sync_jitter)", obs.sync_jitter_windows));
         let tick = Tick {
             at_ns: obs.at_ns,
             cpu: obs.host_cpu_util,
-            gpu: obs.gpu_util,
-            jitter: obs.sync_jitter_ms,
+            gpu,
+            jitter,
             nodes,
         };
         let cap = self.window_iterations() * 4;
@@ -1038,8 +1048,8 @@ impl Healer {
                     a.after_nodes.entry(name.clone()).or_default().push(n.value);
                 }
                 a.after_cpu.extend(obs.host_cpu_util);
-                a.after_gpu.extend(obs.gpu_util);
-                a.after_jitter.extend(obs.sync_jitter_ms);
+                a.after_gpu.extend(tick.gpu);
+                a.after_jitter.extend(tick.jitter);
             }
         }
         if healthy {
@@ -1474,11 +1484,20 @@ impl Healer {
             return Decision::Nothing;
         };
         let used = after.len() * cfg.block_iterations as usize;
+        // GPU utilisation and sync jitter come from SLO nodes: judged on enough of their
+        // windows only (see `verify::MIN_NODE_SAMPLES`).
+        let enough = |v: &[f64]| {
+            if v.len() >= verify::MIN_NODE_SAMPLES {
+                v.to_vec()
+            } else {
+                Vec::new()
+            }
+        };
         let m = measured(
             &a.after_iters[..used],
             &a.after_cpu,
-            &a.after_gpu,
-            &a.after_jitter,
+            &enough(&a.after_gpu),
+            &enough(&a.after_jitter),
         );
         let Some(base) = self.baseline() else {
             return self.revert(now, RevertReason::Timeout, None);
@@ -1546,12 +1565,16 @@ impl Healer {
         let waited = now.saturating_sub(applied);
         let wait = SIDE_EFFECT_WAIT_S.min(cfg.verify_timeout_s);
         if reason.is_none() && waited < (wait * NS) as u64 {
-            let unjudged = obs.nodes.iter().any(|(name, n)| {
-                n.guarded
-                    && *name != a.violated_node
-                    && a.before_nodes.get(name).map_or(0, Vec::len) >= verify::MIN_NODE_SAMPLES
-                    && a.after_nodes.get(name).map_or(0, Vec::len) < verify::MIN_NODE_SAMPLES
-            });
+            let few =
+                |v: &[f64], seen: Option<f64>| seen.is_some() && v.len() < verify::MIN_NODE_SAMPLES;
+            let unjudged = few(&a.after_gpu, obs.gpu_util)
+                || few(&a.after_jitter, obs.sync_jitter_ms)
+                || obs.nodes.iter().any(|(name, n)| {
+                    n.guarded
+                        && *name != a.violated_node
+                        && a.before_nodes.get(name).map_or(0, Vec::len) >= verify::MIN_NODE_SAMPLES
+                        && a.after_nodes.get(name).map_or(0, Vec::len) < verify::MIN_NODE_SAMPLES
+                });
             if unjudged {
                 return Decision::Nothing; // the side effects are not known yet
             }

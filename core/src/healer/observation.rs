@@ -124,6 +124,14 @@ pub struct JobObservation {
     pub gpu_util: Option<f64>,
     /// Gradient-sync jitter (P99 − P50 of communication time), ms.
     pub sync_jitter_ms: Option<f64>,
+    /// Windows judged so far of the node `gpu_util` comes from, and of the one
+    /// `sync_jitter_ms` comes from: a value is new when its count grew (see
+    /// [`NodeObs::windows`]; 0: unknown, every value is new).
+    #[serde(default)]
+    pub gpu_util_windows: u64,
+    /// See [`JobObservation::gpu_util_windows`].
+    #[serde(default)]
+    pub sync_jitter_windows: u64,
     /// SLO node values by node name.
     pub nodes: BTreeMap<String, NodeObs>,
     /// The open violation, if any.

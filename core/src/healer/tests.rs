@@ -40,6 +40,11 @@ struct Sim {
     /// its value (a window the shim sampled in part), and keeps that value between (else it is
     /// judged every tick; see [`NodeObs::windows`]).
     compute_held: Option<(u64, f64, usize)>,
+    /// GPU utilisation is reported as of windows: for this many ticks after a strategy is
+    /// applied or reverted it stays at half its last value (the window the shim sampled in
+    /// part) with no new window (0: a new window every tick, `gpu_util_windows` unset).
+    gpu_util_held_ticks: u64,
+    gpu_util_state: (u64, f64, usize, u64),
 }
 
 impl Sim {
@@ -59,6 +64,8 @@ impl Sim {
             early_since: 0,
             util: false,
             compute_held: None,
+            gpu_util_held_ticks: 0,
+            gpu_util_state: (0, 0.0, 0, 0),
         }
     }
 
@@ -132,13 +139,30 @@ impl Sim {
                 windows,
             },
         );
+        let mut gpu_util = self.util.then(|| 0.9 * self.base_ms / self.iteration_ms());
+        let mut gpu_util_windows = 0;
+        if self.gpu_util_held_ticks > 0 {
+            let (w, last, n, left) = self.gpu_util_state;
+            let now = gpu_util.unwrap_or(0.0);
+            self.gpu_util_state = if n != self.in_force.len() {
+                (w, last * 0.5, self.in_force.len(), self.gpu_util_held_ticks)
+            } else if left > 0 {
+                (w, last, n, left - 1)
+            } else {
+                (w + 1, now, n, 0)
+            };
+            gpu_util = gpu_util.map(|_| self.gpu_util_state.1);
+            gpu_util_windows = self.gpu_util_state.0;
+        }
         JobObservation {
             at_ns: self.now,
+            gpu_util_windows,
+            sync_jitter_windows: 0,
             iteration_p99_ms: Some(self.iteration_ms() * 1.06),
             slo_p99_ms: Some(self.base_ms * 1.15),
             iterations_per_s: Some(1000.0 / self.iteration_ms()),
             host_cpu_util: Some(0.5),
-            gpu_util: self.util.then(|| 0.9 * self.base_ms / self.iteration_ms()),
+            gpu_util,
             sync_jitter_ms: None,
             nodes,
             violation,
@@ -401,6 +425,30 @@ fn a_side_effect_on_another_node_rolls_back() {
 fn a_held_node_value_is_no_side_effect() {
     let (mut h, mut sim) = healthy_start(|_| Effect::Fixes);
     sim.compute_held = Some((1, 90.0, 0));
+    sim.fault_on();
+    let d = run(&mut h, &mut sim, 60, None);
+    assert!(
+        d.iter().any(|(_, d)| matches!(d, Decision::Apply { .. })),
+        "{d:?}"
+    );
+    assert!(
+        !d.iter().any(|(_, d)| matches!(d, Decision::Revert { .. })),
+        "{d:?}"
+    );
+    assert!(events(&h).contains(&"kept"), "{:?}", events(&h));
+}
+
+/// The GPU-utilisation constraint waits for windows judged after the action: on the H200
+/// numa-pinning took a job from 96 to 14.6 ms per step and was rolled back for GPU
+/// utilisation, judged on the value of a window from before it (2026-12-03).
+#[test]
+fn gpu_utilisation_held_from_before_an_action_is_no_constraint() {
+    let mut h = Healer::new(1, config());
+    let mut sim = Sim::new(|_| Effect::Fixes);
+    sim.util = true;
+    sim.gpu_util_held_ticks = 8;
+    assert!(run(&mut h, &mut sim, 10, None).is_empty());
+    assert!(h.baseline().and_then(|b| b.gpu_util).is_some());
     sim.fault_on();
     let d = run(&mut h, &mut sim, 60, None);
     assert!(
