@@ -23,8 +23,8 @@ use slo_probe_common::{
 use crate::{
     proc::send_process_event,
     shared::{
-        count, global, is_tracked, task_comm, task_tgid, task_tid, thread_entry, BPF_RB_NO_WAKEUP,
-        THREADS,
+        btf_task_tgid, btf_task_tid, count, global, is_tracked, task_comm, thread_entry,
+        BPF_RB_NO_WAKEUP, THREADS,
     },
 };
 
@@ -56,11 +56,11 @@ pub fn sched_wakeup_new(ctx: BtfTracePointContext) -> i32 {
 
 #[inline(always)]
 fn try_wakeup(task: *const u8) {
-    let Some(tid) = task_tid(task) else { return };
+    let tid = btf_task_tid(task);
     if tid == 0 {
         return; // the idle task never waits
     }
-    let Some(e) = thread_entry(tid, || task_tgid(task), || task_comm(task), 0) else {
+    let Some(e) = thread_entry(tid, || Some(btf_task_tgid(task)), || task_comm(task), 0) else {
         return;
     };
     // SAFETY: pointer from a map lookup, valid for this program run.
@@ -89,10 +89,15 @@ fn try_sched_switch(ctx: &BtfTracePointContext) {
     let prev_state: u32 = ctx.arg(3);
     let now = unsafe { bpf_ktime_get_ns() };
 
-    // `prev` is the current task: its ids need no kernel read.
-    let prev_tid = ctx.pid();
+    // A plain load of `prev->pid` is cheaper than the get_current_pid_tgid helper.
+    let prev_tid = btf_task_tid(prev);
     if prev_tid != 0 {
-        if let Some(e) = thread_entry(prev_tid, || Some(ctx.tgid()), || task_comm(prev), 0) {
+        if let Some(e) = thread_entry(
+            prev_tid,
+            || Some(btf_task_tgid(prev)),
+            || task_comm(prev),
+            0,
+        ) {
             // A preempted task stays queued even when it was on its way to sleep (state set,
             // `schedule()` not yet called), so `preempt` counts as well as TASK_RUNNING.
             let involuntary = preempt != 0 || prev_state == TASK_RUNNING;
@@ -113,11 +118,16 @@ fn try_sched_switch(ctx: &BtfTracePointContext) {
         }
     }
 
-    let Some(tid) = task_tid(next) else { return };
+    let tid = btf_task_tid(next);
     if tid == 0 {
         return;
     }
-    let Some(e) = thread_entry(tid, || task_tgid(next), || task_comm(next), THREAD_ON_CPU) else {
+    let Some(e) = thread_entry(
+        tid,
+        || Some(btf_task_tgid(next)),
+        || task_comm(next),
+        THREAD_ON_CPU,
+    ) else {
         return;
     };
     // SAFETY: as above.
