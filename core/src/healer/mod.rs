@@ -985,7 +985,7 @@ impl Healer {
                 let last = self.node_windows.insert((*name).clone(), n.windows);
                 n.windows == 0 || last != Some(n.windows)
             })
-            .map(|(name, n)| (name.clone(), n.clone()))
+            .map(|(name, n)| (name.clone(), *n))
             .collect();
         let mut fresh = |key: &str, windows: u64| {
             let last = self.node_windows.insert(key.to_owned(), windows);
