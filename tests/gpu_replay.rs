@@ -444,3 +444,73 @@ fn an_operator_slowed_down_in_a_recorded_job_is_found() {
         ("blocks.2.down", Dimension::Execution)
     );
 }
+
+/// A launch-bound eager job (`examples/train_ddp.py --dim 512 --depth 24 --batch 64`) under the
+/// default shim, which traces kernels in sample windows only, during the busy-neighbour fault of
+/// `RECORD=1 scripts/gpu-heal` on the H200 (2026-12-03, 20 s trimmed), beside the job's own step
+/// times (`h200-heal-sampled.steps`: step, wall ms between its perf_counter() calls around the
+/// step, which ends in a CUDA event's synchronize). The answer comes from the job, not from the
+/// engine. The iterations' times must be the job's: before, an iteration outside the sample
+/// windows was timed by the period between its copies on the GPU (5 and 113 ms for 57 ms steps),
+/// and the first traced one after them from an end of the GPU's work the timeline had not seen.
+#[test]
+fn a_sampled_eager_job_has_its_own_step_times() {
+    let dir = format!("{}/fixtures/gpu", env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new("gzip")
+        .args(["-dc", &format!("{dir}/h200-heal-sampled.bin.gz")])
+        .output()
+        .expect("gzip");
+    assert!(out.status.success(), "gzip -dc failed");
+    let mut asm = pipeline(None, true);
+    for r in RecordIter::new(&out.stdout) {
+        asm.push(&r.expect("record decodes"));
+    }
+    asm.finish(None);
+    let job: BTreeMap<u64, f64> = std::fs::read_to_string(format!("{dir}/h200-heal-sampled.steps"))
+        .expect("steps")
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+        })
+        .collect();
+    let p = asm.snapshot();
+    let pairs: Vec<(f64, f64, bool)> = p
+        .iterations
+        .iter()
+        .filter_map(|i| Some((i.step_ns() as f64 / 1e6, *job.get(&i.step)?, i.traced)))
+        .collect();
+    assert!(
+        pairs.len() >= 360,
+        "{} iterations matched the job's steps",
+        pairs.len()
+    );
+    assert!(
+        pairs.iter().any(|p| p.2) && pairs.iter().any(|p| !p.2),
+        "sampled and not"
+    );
+    let close = pairs
+        .iter()
+        .filter(|(a, j, _)| (a - j).abs() <= 0.1 * j + 1.0)
+        .count();
+    assert!(
+        close as f64 >= 0.97 * pairs.len() as f64,
+        "{close} of {} iterations within 10% + 1 ms of the job's own time",
+        pairs.len()
+    );
+    let q = |mut v: Vec<f64>, f: f64| {
+        v.sort_by(f64::total_cmp);
+        v[((v.len() as f64 * f) as usize).min(v.len() - 1)]
+    };
+    let (ours, theirs): (Vec<f64>, Vec<f64>) = pairs.iter().map(|p| (p.0, p.1)).unzip();
+    let (p99, job_p99) = (q(ours.clone(), 0.99), q(theirs.clone(), 0.99));
+    assert!(
+        (p99 - job_p99).abs() <= 0.1 * job_p99,
+        "P99 {p99:.1} ms, the job's {job_p99:.1} ms"
+    );
+    let (p50, job_p50) = (q(ours, 0.5), q(theirs, 0.5));
+    assert!(
+        (p50 - job_p50).abs() <= 0.05 * job_p50,
+        "P50 {p50:.1} ms, the job's {job_p50:.1} ms"
+    );
+}

@@ -122,11 +122,14 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-fn grpc_receiver(addr: SocketAddr, got: Shared) -> Receiver {
+/// Binds `addr` (port 0: any free one, no race with other tests for it) and returns the
+/// address bound.
+fn grpc_receiver(addr: SocketAddr, got: Shared) -> (Receiver, SocketAddr) {
     let rt = runtime();
     let listener = rt
         .block_on(tokio::net::TcpListener::bind(addr))
         .expect("bind");
+    let bound = listener.local_addr().expect("local addr");
     let (m, t, l) = (
         Grpc(got.clone()),
         GrpcTraces(got.clone()),
@@ -140,17 +143,25 @@ fn grpc_receiver(addr: SocketAddr, got: Shared) -> Receiver {
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
             .await
     });
-    Receiver { rt: Some(rt) }
+    (Receiver { rt: Some(rt) }, bound)
 }
 
+/// A receiver's address that takes any free port when bound (a port picked by binding and
+/// closing first could be taken by another test's agent before the receiver binds it: seen in
+/// CI as AddrInUse).
+const ANY_PORT: &str = "127.0.0.1:0";
+
 /// OTLP/HTTP with protobuf bodies: POST /v1/metrics, /v1/traces and /v1/logs.
-fn http_receiver(addr: SocketAddr, got: Shared) -> Receiver {
+/// Binds `addr` (port 0: any free one, no race with other tests for it) and returns the
+/// address bound.
+fn http_receiver(addr: SocketAddr, got: Shared) -> (Receiver, SocketAddr) {
     use http_body_util::{BodyExt as _, Full};
     use hyper::{body::Bytes, service::service_fn, Response};
     let rt = runtime();
     let listener = rt
         .block_on(tokio::net::TcpListener::bind(addr))
         .expect("bind");
+    let bound = listener.local_addr().expect("local addr");
     rt.spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
@@ -213,7 +224,7 @@ fn http_receiver(addr: SocketAddr, got: Shared) -> Receiver {
             });
         }
     });
-    Receiver { rt: Some(rt) }
+    (Receiver { rt: Some(rt) }, bound)
 }
 
 /// Kills its processes on the way out, whatever happens.
@@ -564,9 +575,8 @@ fn check_export(got: &Shared, pid: u32, rank: u32, job_id: &str) {
 #[test]
 fn otlp_over_grpc_from_the_config() {
     let dir = tempdir("grpc");
-    let addr = free_addr();
     let got = Shared::default();
-    let _rx = grpc_receiver(addr, got.clone());
+    let (_rx, addr) = grpc_receiver(ANY_PORT.parse().expect("addr"), got.clone());
     let (a, _) = agent(
         &dir,
         &format!("[otlp]\nprotocol = \"grpc\"\nendpoint = \"http://{addr}\"\ninterval_ms = 500\n"),
@@ -583,9 +593,8 @@ fn otlp_over_grpc_from_the_config() {
 #[test]
 fn otlp_over_http_from_the_environment() {
     let dir = tempdir("http");
-    let addr = free_addr();
     let got = Shared::default();
-    let _rx = http_receiver(addr, got.clone());
+    let (_rx, addr) = http_receiver(ANY_PORT.parse().expect("addr"), got.clone());
     let (a, _) = agent(
         &dir,
         "[otlp]\ninterval_ms = 500\n",
@@ -680,7 +689,7 @@ fn receiver_down_then_back() {
     // the violation's span (queued or new) arrive.
     let got = Shared::default();
     let t0 = Instant::now();
-    let _rx = grpc_receiver(addr, got.clone());
+    let (_rx, _) = grpc_receiver(addr, got.clone());
     let n = wait_for("export to resume", 30, || {
         let g = got.lock().unwrap_or_else(|e| e.into_inner());
         let n = metrics_named(&g, "slo_probe_slo_windows_total")

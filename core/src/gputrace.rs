@@ -255,6 +255,9 @@ pub struct Iteration {
     /// previous iteration's) to when it was done with this one's, ns; for the first iteration,
     /// from its host-side start. What the GPU spent on it, busy or idle.
     pub gpu_period_ns: u64,
+    /// Whether the timeline holds all of its work and all of the previous iteration's (each
+    /// traced at kernel depth or launching CUDA graphs), so that `gpu_period_ns` is its time.
+    pub gpu_period_whole: bool,
     /// Start of its first GPU activity or CUDA event, ns (the iteration's start when it has
     /// none).
     pub gpu_start_ns: u64,
@@ -316,14 +319,17 @@ impl Iteration {
     }
 
     /// How long the iteration took: its period on the GPU timeline when that timeline holds its
-    /// work (traced at kernel depth, or CUDA graph launches, which are always traced: a CPU
+    /// work and the previous iteration's (traced at kernel depth, or CUDA graph launches, which
+    /// are always traced: a CPU
     /// running ahead of the GPU makes host-side step times say when the host was let go, not
     /// how long the step took), else its wall time. An eager iteration outside the shim's
     /// sample windows has only its copies on the timeline: their period said 5 ms and 113 ms
     /// for alternate 57 ms steps on the H200 (2026-12-03), an iteration P99 of 215 ms for a
-    /// job whose own P99 was 40 ms.
+    /// job whose own P99 was 40 ms; and the first traced one after them starts its period from
+    /// an end of the GPU's work the timeline did not see (130 ms for a 66 ms step). See
+    /// [`Iteration::gpu_period_whole`].
     pub fn step_ns(&self) -> u64 {
-        if self.gpu_period_ns > 0 && (self.traced || self.graph_launches > 0) {
+        if self.gpu_period_ns > 0 && self.gpu_period_whole {
             self.gpu_period_ns
         } else {
             self.wall_ns()
@@ -332,7 +338,14 @@ impl Iteration {
 
     /// Share of its period with the GPU busy (0..=1; 0 without GPU work).
     pub fn gpu_busy_ratio(&self) -> f64 {
-        (self.gpu_busy_ns as f64 / self.step_ns().max(1) as f64).min(1.0)
+        // Over its GPU period, which holds its busy time by construction (the wall time of an
+        // iteration timed by its markers can be shorter than what the GPU ran for it).
+        let period = if self.gpu_period_ns > 0 {
+            self.gpu_period_ns
+        } else {
+            self.step_ns()
+        };
+        (self.gpu_busy_ns as f64 / period.max(1) as f64).min(1.0)
     }
 
     /// From the start of its first GPU activity to the end of its last, ns.
@@ -632,6 +645,10 @@ pub struct TraceAssembler {
     recent_launches: std::collections::VecDeque<u32>,
     /// Traced iterations refused as incomplete since the last complete one.
     refused_in_a_row: u32,
+    /// The last iteration's work was not all on the GPU timeline (not traced at kernel depth,
+    /// no graph launches): the GPU period of the next one starts from an end the timeline does
+    /// not know.
+    last_untimed: bool,
     /// Scratch of `summarise`: activities sorted by start, and their keys.
     sorted: Vec<Activity>,
     range_keys: Vec<(u64, u64, u32)>,
@@ -1578,7 +1595,7 @@ impl TraceAssembler {
             .and_then(|d| self.timeline.free_at(d))
             .or(span_end)
             .unwrap_or(b);
-        Iteration {
+        let mut it = Iteration {
             step,
             marked,
             start_ns: b,
@@ -1615,7 +1632,12 @@ impl TraceAssembler {
                 || self.complete(kernels)),
             device,
             gpu: None,
-        }
+            ..Iteration::default()
+        };
+        let whole = it.traced || it.graph_launches > 0;
+        it.gpu_period_whole = whole && !self.last_untimed;
+        self.last_untimed = !whole;
+        it
     }
 
     /// Whether an iteration without CUDA graphs traced at kernel depth (by a shim that says its

@@ -136,9 +136,9 @@ def evaluate(ans: Dict[str, Any], proc: Optional[Dict[str, Any]]) -> Dict[str, A
     if true:
         r["true_steps"] = true
         r["iteration_error_pct"] = round(100.0 * (len(iters) - true) / true, 2)
-    # Busy time over the iteration's period on the GPU timeline (step_ns; the host's wall
+    # Busy time over the iteration's period on the GPU timeline (gpu_period_ns; the host's wall
     # between markers is shorter than the GPU's when the CPU runs ahead), traced ones only.
-    utils = [i["gpu_busy_ns"] / (i.get("step_ns") or i["wall_ns"]) for i in iters
+    utils = [i["gpu_busy_ns"] / (i.get("gpu_period_ns") or i.get("step_ns") or i["wall_ns"]) for i in iters
              if i.get("gpu_busy_ns") is not None and (i.get("step_ns") or i.get("wall_ns"))
              and i.get("traced", True)]
     if utils:
