@@ -102,15 +102,8 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
             problems.push(format!("{name}: {got} iterations, the job made {truth}"));
         }
         for i in its.iter().filter(|i| i.traced && i.step_ns() > 0) {
-            // Busy time over its period on the GPU timeline, as `Iteration::gpu_busy_ratio`
-            // has it but uncapped (an iteration timed by its markers can have a wall time
-            // shorter than what the GPU ran for it).
-            let period = if i.gpu_period_ns > 0 {
-                i.gpu_period_ns
-            } else {
-                i.step_ns()
-            };
-            let util = i.gpu_busy_ns as f64 / period as f64;
+            // As `Iteration::gpu_busy_ratio` has it, uncapped.
+            let util = i.gpu_busy_ns as f64 / i.busy_period_ns().max(1) as f64;
             if util > 1.0 + 1e-9 {
                 problems.push(format!("{name}: an iteration {:.1}% busy", util * 100.0));
                 break;

@@ -320,9 +320,8 @@ impl Iteration {
 
     /// How long the iteration took: its period on the GPU timeline when that timeline holds its
     /// work and the previous iteration's (traced at kernel depth, or CUDA graph launches, which
-    /// are always traced: a CPU
-    /// running ahead of the GPU makes host-side step times say when the host was let go, not
-    /// how long the step took), else its wall time. An eager iteration outside the shim's
+    /// are always traced: a CPU running ahead of the GPU makes host-side step times say when
+    /// the host was let go, not how long the step took), else its wall time. An eager iteration outside the shim's
     /// sample windows has only its copies on the timeline: their period said 5 ms and 113 ms
     /// for alternate 57 ms steps on the H200 (2026-12-03), an iteration P99 of 215 ms for a
     /// job whose own P99 was 40 ms; and the first traced one after them starts its period from
@@ -338,14 +337,18 @@ impl Iteration {
 
     /// Share of its period with the GPU busy (0..=1; 0 without GPU work).
     pub fn gpu_busy_ratio(&self) -> f64 {
-        // Over its GPU period, which holds its busy time by construction (the wall time of an
-        // iteration timed by its markers can be shorter than what the GPU ran for it).
-        let period = if self.gpu_period_ns > 0 {
+        (self.gpu_busy_ns as f64 / self.busy_period_ns().max(1) as f64).min(1.0)
+    }
+
+    /// The period its busy time is a share of: its GPU period, which holds the busy time by
+    /// construction (the wall time of an iteration timed by its markers can be shorter than
+    /// what the GPU ran for it), else its wall time.
+    pub fn busy_period_ns(&self) -> u64 {
+        if self.gpu_period_ns > 0 {
             self.gpu_period_ns
         } else {
-            self.step_ns()
-        };
-        (self.gpu_busy_ns as f64 / period.max(1) as f64).min(1.0)
+            self.wall_ns()
+        }
     }
 
     /// From the start of its first GPU activity to the end of its last, ns.

@@ -826,6 +826,31 @@ fn quantile(v: &[f64], q: f64) -> Option<f64> {
     Some(s[rank - 1])
 }
 
+/// Whether a value whose source has judged `windows` windows is new since the last call for
+/// `key` (see [`NodeObs::windows`]; 0: unknown, always new), and remembers the count.
+fn new_window(seen: &mut BTreeMap<String, u64>, key: &str, windows: u64) -> bool {
+    match seen.get_mut(key) {
+        Some(last) => {
+            let new = *last != windows;
+            *last = windows;
+            new || windows == 0
+        }
+        None => {
+            seen.insert(key.to_owned(), windows);
+            true
+        }
+    }
+}
+
+/// `v` when it holds at least [`verify::MIN_NODE_SAMPLES`] values, else nothing.
+fn enough(v: &[f64]) -> &[f64] {
+    if v.len() >= verify::MIN_NODE_SAMPLES {
+        v
+    } else {
+        &[]
+    }
+}
+
 fn measured(iters: &[f64], cpu: &[f64], gpu: &[f64], jitter: &[f64]) -> Option<Measured> {
     let mean = verify::mean(iters)?;
     Some(Measured {
@@ -978,25 +1003,19 @@ impl Healer {
         // value repeated while its node had no data would weigh as many samples as ticks
         // (the side-effect test on the H200 judged GPU utilisation on values held over from
         // the shim's last sample window).
+        let seen = &mut self.node_windows;
         let nodes: BTreeMap<String, NodeObs> = obs
             .nodes
             .iter()
-            .filter(|(name, n)| {
-                let last = self.node_windows.insert((*name).clone(), n.windows);
-                n.windows == 0 || last != Some(n.windows)
-            })
+            .filter(|(name, n)| new_window(seen, name, n.windows))
             .map(|(name, n)| (name.clone(), *n))
             .collect();
-        let mut fresh = |key: &str, windows: u64| {
-            let last = self.node_windows.insert(key.to_owned(), windows);
-            windows == 0 || last != Some(windows)
-        };
         let gpu = obs
             .gpu_util
-            .filter(|_| fresh("(gpu_util)", obs.gpu_util_windows));
+            .filter(|_| new_window(seen, "(gpu_util)", obs.gpu_util_windows));
         let jitter = obs
             .sync_jitter_ms
-            .filter(|_| fresh("(sync_jitter)", obs.sync_jitter_windows));
+            .filter(|_| new_window(seen, "(sync_jitter)", obs.sync_jitter_windows));
         let tick = Tick {
             at_ns: obs.at_ns,
             cpu: obs.host_cpu_util,
@@ -1486,18 +1505,11 @@ impl Healer {
         let used = after.len() * cfg.block_iterations as usize;
         // GPU utilisation and sync jitter come from SLO nodes: judged on enough of their
         // windows only (see `verify::MIN_NODE_SAMPLES`).
-        let enough = |v: &[f64]| {
-            if v.len() >= verify::MIN_NODE_SAMPLES {
-                v.to_vec()
-            } else {
-                Vec::new()
-            }
-        };
         let m = measured(
             &a.after_iters[..used],
             &a.after_cpu,
-            &enough(&a.after_gpu),
-            &enough(&a.after_jitter),
+            enough(&a.after_gpu),
+            enough(&a.after_jitter),
         );
         let Some(base) = self.baseline() else {
             return self.revert(now, RevertReason::Timeout, None);

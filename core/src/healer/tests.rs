@@ -418,6 +418,19 @@ fn a_side_effect_on_another_node_rolls_back() {
     }
 }
 
+/// An action was applied, nothing rolled back, and the healer kept it.
+fn applied_and_kept(h: &Healer, d: &[(u64, Decision)]) {
+    assert!(
+        d.iter().any(|(_, d)| matches!(d, Decision::Apply { .. })),
+        "{d:?}"
+    );
+    assert!(
+        !d.iter().any(|(_, d)| matches!(d, Decision::Revert { .. })),
+        "{d:?}"
+    );
+    assert!(events(h).contains(&"kept"), "{:?}", events(h));
+}
+
 /// A node's value held over while it has no new window counts once: the H200 run of
 /// 2026-12-03 rolled back every action for "GPU utilisation worse by 10-65%" judged on values
 /// the node kept from the shim's last sample window, repeated once a tick.
@@ -427,15 +440,7 @@ fn a_held_node_value_is_no_side_effect() {
     sim.compute_held = Some((1, 90.0, 0));
     sim.fault_on();
     let d = run(&mut h, &mut sim, 60, None);
-    assert!(
-        d.iter().any(|(_, d)| matches!(d, Decision::Apply { .. })),
-        "{d:?}"
-    );
-    assert!(
-        !d.iter().any(|(_, d)| matches!(d, Decision::Revert { .. })),
-        "{d:?}"
-    );
-    assert!(events(&h).contains(&"kept"), "{:?}", events(&h));
+    applied_and_kept(&h, &d);
 }
 
 /// The GPU-utilisation constraint waits for windows judged after the action: on the H200
@@ -451,15 +456,7 @@ fn gpu_utilisation_held_from_before_an_action_is_no_constraint() {
     assert!(h.baseline().and_then(|b| b.gpu_util).is_some());
     sim.fault_on();
     let d = run(&mut h, &mut sim, 60, None);
-    assert!(
-        d.iter().any(|(_, d)| matches!(d, Decision::Apply { .. })),
-        "{d:?}"
-    );
-    assert!(
-        !d.iter().any(|(_, d)| matches!(d, Decision::Revert { .. })),
-        "{d:?}"
-    );
-    assert!(events(&h).contains(&"kept"), "{:?}", events(&h));
+    applied_and_kept(&h, &d);
 }
 
 #[test]
