@@ -33,13 +33,24 @@ pub fn is_root() -> bool {
 
 /// Pins the calling thread to one CPU.
 pub fn pin_to_cpu(cpu: usize) {
+    if let Err(e) = pin_thread_to_cpu(0, cpu) {
+        panic!("sched_setaffinity({cpu}) failed: {e}");
+    }
+}
+
+/// Pins thread `tid` (0: the calling thread) to one CPU; a queued thread moves at once.
+pub fn pin_thread_to_cpu(tid: u32, cpu: usize) -> std::io::Result<()> {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET and sched_setaffinity get valid
     // pointers.
-    unsafe {
+    let rc = unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
-        let rc = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-        assert_eq!(rc, 0, "sched_setaffinity({cpu}) failed");
+        libc::sched_setaffinity(tid as i32, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
@@ -205,13 +216,24 @@ pub fn run_victim<G>(
     behaviour: Behaviour,
     contend: impl FnOnce() -> G,
 ) -> VictimReport {
+    run_victim_tid(name, cpu, window, behaviour, |_| contend())
+}
+
+/// [`run_victim`] whose `contend` gets the victim's thread id.
+pub fn run_victim_tid<G>(
+    name: &str,
+    cpu: usize,
+    window: Duration,
+    behaviour: Behaviour,
+    contend: impl FnOnce(u32) -> G,
+) -> VictimReport {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
     let victim = thread::Builder::new()
         .name(name.to_owned())
         .spawn(move || {
             pin_to_cpu(cpu);
-            ready_tx.send(()).expect("ready");
+            ready_tx.send(gettid()).expect("ready");
             go_rx.recv().expect("go");
             let c0 = thread_cpu_ns();
             let w0 = monotonic_ns();
@@ -241,8 +263,8 @@ pub fn run_victim<G>(
             }
         })
         .expect("spawn victim");
-    ready_rx.recv().expect("victim ready");
-    let guard = contend();
+    let tid = ready_rx.recv().expect("victim ready");
+    let guard = contend(tid);
     // Give the contenders a moment to be on the CPU before the window opens.
     thread::sleep(Duration::from_millis(50));
     go_tx.send(()).expect("go");

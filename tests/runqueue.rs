@@ -8,10 +8,12 @@
 //! time minus its CPU time (`CLOCK_THREAD_CPUTIME_ID`), which is purely a user-space measure.
 //!
 //! Tolerances, and why:
-//! - probe vs schedstat over the thread's life: 2% + 8 ms. Both time the same waits from
-//!   enqueue to switch-in; they differ by the few µs between the scheduler's accounting hooks and
-//!   the tracepoints on each wait, and by at most one wait after the victim's last schedstat read
-//!   (≤ one slice of each of two hogs, ≈ 6 ms).
+//! - probe vs schedstat over the thread's life: 2% + 8 ms. By default the probe reads the
+//!   scheduler's own stamps (`sched_info.last_queued` against `rq->clock`), so both time the
+//!   same waits with the same clock; they differ by at most one wait after the victim's last
+//!   schedstat read (≤ one slice of each of two hogs, ≈ 6 ms). With the wakeup programs stamping
+//!   waits (the fallback, tested too) they also differ by the few µs between the scheduler's
+//!   accounting hooks and the tracepoints on each wait.
 //! - probe vs wall − CPU time over the window: 5% + 20 ms. The probe also counts the waits
 //!   before the window (thread start and the start signal behind running hogs, a few ms) and CPU
 //!   time includes interrupt time charged to the thread.
@@ -29,7 +31,10 @@ use slo_probe::sources::ebpf::{
 };
 use slo_probe_common::ThreadStats;
 use slo_probe_core::threads::RunqCounts;
-use slo_probe_tests::{agrees, online_cpus, root_or_skip, run_victim, Behaviour, Hogs};
+use slo_probe_tests::{
+    agrees, online_cpus, pin_thread_to_cpu, root_or_skip, run_victim, run_victim_tid, Behaviour,
+    Hogs,
+};
 
 /// The tests pin threads to CPUs and measure delay: they must not run at the same time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -44,8 +49,25 @@ fn settings() -> EbpfSettings {
     }
 }
 
+/// The probes as the agent loads them: on this kernel, with the scheduler's stamps.
 fn load() -> Probes {
-    Probes::load(&settings()).expect("load the probes")
+    let probe = Probes::load(&settings()).expect("load the probes");
+    assert!(
+        probe.scheduler_stamps(),
+        "the kernel's BTF has sched_info and rq->clock: no wakeup program should be needed"
+    );
+    probe
+}
+
+/// The fallback for kernels without the scheduler's stamps: the wakeup programs stamp waits.
+fn load_wakeup_stamps() -> Probes {
+    let probe = Probes::load(&EbpfSettings {
+        wakeup_stamps: true,
+        ..settings()
+    })
+    .expect("load the probes with wakeup stamps");
+    assert!(!probe.scheduler_stamps());
+    probe
 }
 
 fn probe_counts(probe: &mut Probes, tid: u32) -> Option<RunqCounts> {
@@ -167,7 +189,92 @@ fn contended_sleeping_thread_delay_matches_schedstat() {
     if !root_or_skip("contended_sleeping_thread") {
         return;
     }
+    sleeping_check(load());
+}
+
+#[test]
+fn contended_sleeping_thread_delay_matches_schedstat_with_wakeup_stamps() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !root_or_skip("contended_sleeping_thread_with_wakeup_stamps") {
+        return;
+    }
+    sleeping_check(load_wakeup_stamps());
+}
+
+/// A thread moved between two contended CPUs while it waits: the scheduler closes the part of
+/// the wait spent on the first CPU's queue when it migrates the thread (`run_delay` grows, the
+/// stamp restarts on the second queue), and the probe must count both parts.
+#[test]
+fn migrated_thread_delay_matches_schedstat() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !root_or_skip("migrated_thread") {
+        return;
+    }
+    assert!(online_cpus() >= 2, "needs two CPUs to migrate between");
     let mut probe = load();
+    let report = run_victim_tid("rq-migrant", 0, WINDOW, Behaviour::Busy, |tid| {
+        let hogs = (Hogs::start(1, 0), Hogs::start(1, 1));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flipper = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut cpu = 0;
+                let mut moves = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_micros(2500));
+                    cpu = 1 - cpu;
+                    if pin_thread_to_cpu(tid, cpu).is_err() {
+                        break; // the victim's window ended and it exited
+                    }
+                    moves += 1;
+                }
+                moves
+            })
+        };
+        Flip {
+            stop,
+            flipper: Some(flipper),
+            _hogs: hogs,
+        }
+    });
+    let counts = probe_counts(&mut probe, report.tid).expect("probe has no entry for the victim");
+    eprintln!(
+        "migrated busy victim: probe {:.1} ms in {} waits | schedstat {:.1} ms in {} slices | \
+         wall-cpu {:.1} ms",
+        ms(counts.total_ns),
+        counts.count,
+        ms(report.life.wait_ns),
+        report.life.slices,
+        ms(report.off_cpu_ns())
+    );
+    assert!(
+        report.off_cpu_ns() > report.wall_ns / 4,
+        "the victim was not contended: {report:?}"
+    );
+    agrees(counts.total_ns, report.life.wait_ns, 0.02, 8_000_000)
+        .expect("probe total vs schedstat wait");
+    agrees(counts.total_ns, report.off_cpu_ns(), 0.05, 20_000_000)
+        .expect("probe total vs wall - cpu");
+}
+
+/// Hogs on two CPUs and a thread moving the victim between them, until dropped.
+struct Flip {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    flipper: Option<std::thread::JoinHandle<u32>>,
+    _hogs: (Hogs, Hogs),
+}
+
+impl Drop for Flip {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(f) = self.flipper.take() {
+            let moves = f.join().expect("flipper");
+            eprintln!("moved the victim {moves} times");
+        }
+    }
+}
+
+fn sleeping_check(mut probe: Probes) {
     let behaviour = Behaviour::SleepWake {
         work: Duration::from_micros(200),
         sleep: Duration::from_millis(1),
@@ -248,7 +355,8 @@ fn uncontended_thread_shows_little_delay() {
 }
 
 /// The checks above must fail when the probe is broken: without `sched_switch` nothing is
-/// measured, and without the wakeup programs the waits that start with a wakeup are missed.
+/// measured, and where the wakeup programs stamp waits, without them the waits that start with
+/// a wakeup are missed.
 #[test]
 fn checks_fail_when_the_probe_is_broken() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -284,9 +392,15 @@ fn checks_fail_when_the_probe_is_broken() {
     );
     drop(probe);
 
-    let mut probe =
-        Probes::load_selected(&settings(), &without(&["sched_wakeup", "sched_wakeup_new"]))
-            .expect("load without wakeups");
+    let wakeup_stamps = EbpfSettings {
+        wakeup_stamps: true,
+        ..settings()
+    };
+    let mut probe = Probes::load_selected(
+        &wakeup_stamps,
+        &without(&["sched_wakeup", "sched_wakeup_new"]),
+    )
+    .expect("load without wakeups");
     let behaviour = Behaviour::SleepWake {
         work: Duration::from_micros(200),
         sleep: Duration::from_millis(1),

@@ -124,6 +124,7 @@ impl Collector {
                 net: config.probes.tcp.enabled,
                 max_conns: config.probes.tcp.max_connections,
                 targets,
+                wakeup_stamps: false,
             };
             (Some(Probes::load(&settings)?), String::new())
         };

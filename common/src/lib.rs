@@ -42,8 +42,8 @@ pub use net::{
 };
 pub use proc::{ProcessEventRecord, PROC_EXEC, PROC_EXIT, PROC_FORK};
 pub use sched::{
-    log2_slot, RunqLatencyRecord, ThreadStats, RUNQ_FLAG_PREEMPTED, RUNQ_SLOTS, THREAD_EXITED,
-    THREAD_OFF_INVOLUNTARY,
+    log2_slot, RunqLatencyRecord, SchedOffsets, ThreadStats, RUNQ_FLAG_PREEMPTED, RUNQ_SLOTS,
+    THREAD_EXITED, THREAD_OFF_INVOLUNTARY,
 };
 
 /// Header at the start of every record.

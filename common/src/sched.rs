@@ -96,9 +96,12 @@ unsafe impl Record for RunqLatencyRecord {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ThreadStats {
-    /// CLOCK_MONOTONIC ns when the thread last left a CPU; 0 while it runs.
+    /// When the thread last left a CPU, 0 while it runs: the scheduler's clock (`rq->clock`) with
+    /// the scheduler's stamps ([`SchedOffsets::enabled`]), CLOCK_MONOTONIC ns without.
     pub off_ts: u64,
-    /// CLOCK_MONOTONIC ns when it last became runnable; 0 while it is not waiting for a CPU.
+    /// With the wakeup programs: CLOCK_MONOTONIC ns when it last became runnable, 0 while it is
+    /// not waiting for a CPU. With the scheduler's stamps ([`SchedOffsets::enabled`]): the
+    /// task's `sched_info.run_delay` just after its last switch-in.
     pub queued_ts: u64,
     /// Run-queue waits per log2 slot, see [`RUNQ_SLOTS`].
     pub runq_slots: [u64; RUNQ_SLOTS],
@@ -161,10 +164,37 @@ impl ThreadStats {
     };
 }
 
+/// Byte offsets through which `sched_switch` reads the scheduler's own run-queue stamps (the
+/// agent patches them in from kernel BTF as the global `SCHED_OFFSETS`). With `enabled` set, a
+/// wait is the switching CPU's `rq->clock` minus the woken task's `sched_info.last_queued`, plus
+/// what `sched_info.run_delay` gained since the task last ran (the part of a wait spent on
+/// another CPU's queue before a migration), so the wakeup programs are not attached at all.
+/// Without `enabled` (a kernel without `CONFIG_SCHED_INFO` or `CONFIG_FAIR_GROUP_SCHED`), the
+/// wakeup programs stamp waits themselves.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SchedOffsets {
+    /// 1: read the scheduler's stamps; 0: the wakeup programs stamp waits.
+    pub enabled: u32,
+    /// `task_struct.sched_info.last_queued` (rq clock ns when it was queued; 0 if not queued).
+    pub last_queued: u32,
+    /// `task_struct.sched_info.run_delay` (rq clock ns spent waiting, all its life).
+    pub run_delay: u32,
+    /// `task_struct.se.cfs_rq` (the task's CFS run queue on its CPU).
+    pub se_cfs_rq: u32,
+    /// `cfs_rq.rq` (the CPU's run queue).
+    pub cfs_rq_rq: u32,
+    /// `rq.clock` (updated by `__schedule` just before `sched_switch`).
+    pub rq_clock: u32,
+}
+const _: () = assert!(size_of::<SchedOffsets>() == 24);
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: plain old data, see the size assertions and field types above.
     unsafe impl aya::Pod for super::ThreadStats {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SchedOffsets {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::RunqLatencyRecord {}
 }

@@ -1,10 +1,17 @@
 //! Per-thread scheduling: run-queue latency (runnable → running) and off-CPU time split into
-//! voluntary and involuntary. `sched_switch` stamps the thread leaving a CPU (and, when it is
-//! still runnable, the start of its wait); `sched_wakeup`/`sched_wakeup_new` stamp the start of
-//! a wait for sleeping and new threads; `sched_switch` to a thread closes both periods. Waits go
-//! into a log2 histogram inside the thread's `THREADS` entry; waits above `RUNQ_OUTLIER_NS` are
-//! also sent, one record each, through the `RUNQ_EVENTS` ring buffer. Steady state costs one
-//! hash lookup per woken thread and two per context switch; nothing wakes the agent.
+//! voluntary and involuntary. `sched_switch` stamps the thread leaving a CPU and closes the
+//! periods of the thread it switches to. Waits go into a log2 histogram inside the thread's
+//! `THREADS` entry; waits above `RUNQ_OUTLIER_NS` are also sent, one record each, through the
+//! `RUNQ_EVENTS` ring buffer. Nothing wakes the agent.
+//!
+//! Where a wait starts: by default the scheduler's own stamp, `task->sched_info.last_queued`,
+//! which the kernel sets on every enqueue (wakeup, fork, preemption) and which `sched_switch`
+//! reads for the incoming task against the CPU's `rq->clock` (updated by `__schedule` just
+//! before the tracepoint, and the value the scheduler's own accounting uses right after it).
+//! Then no program runs on a wakeup at all, and that clock times off-CPU periods too: one
+//! program, two hash lookups and no clock helper per context switch (`bpf_ktime_get_ns` only
+//! for an outlier's record). On kernels whose BTF lacks that path (see [`SchedOffsets`]) the agent attaches
+//! `sched_wakeup`/`sched_wakeup_new` too, and they stamp waits with `bpf_ktime_get_ns`.
 //!
 //! Needs kernel 5.18+ (`sched_switch` with `prev_state` as its 4th argument) and BTF.
 
@@ -16,14 +23,14 @@ use aya_ebpf::{
     EbpfContext,
 };
 use slo_probe_common::{
-    log2_slot, Counter, RecordHeader, RunqLatencyRecord, ThreadStats, PROC_EXIT,
+    log2_slot, Counter, RecordHeader, RunqLatencyRecord, SchedOffsets, ThreadStats, PROC_EXIT,
     RUNQ_FLAG_PREEMPTED, THREAD_EXITED, THREAD_OFF_INVOLUNTARY,
 };
 
 use crate::{
     proc::send_process_event,
     shared::{
-        btf_task_tgid, btf_task_tid, count, global, is_tracked, task_comm, thread_entry,
+        btf_load, btf_task_tgid, btf_task_tid, count, global, is_tracked, task_comm, thread_entry,
         BPF_RB_NO_WAKEUP, THREADS,
     },
 };
@@ -32,11 +39,26 @@ use crate::{
 #[unsafe(no_mangle)]
 static RUNQ_OUTLIER_NS: u64 = u64::MAX;
 
+/// Where the scheduler keeps its run-queue stamps (patched by the agent from BTF).
+#[unsafe(no_mangle)]
+static SCHED_OFFSETS: SchedOffsets = SchedOffsets {
+    enabled: 0,
+    last_queued: 0,
+    run_delay: 0,
+    se_cfs_rq: 0,
+    cfs_rq_rq: 0,
+    rq_clock: 0,
+};
+
 /// `TASK_RUNNING`: a task switched out in this state is still on the run queue.
 const TASK_RUNNING: u32 = 0;
 
 /// [`ThreadStats::flags`] bit private to the programs: the thread is on a CPU now.
 const THREAD_ON_CPU: u32 = 1 << 3;
+
+/// [`ThreadStats::flags`] bit private to the programs: `queued_ts` holds the task's
+/// `sched_info.run_delay` as of its last switch-in (scheduler stamps only).
+const THREAD_RUN_DELAY_SEEN: u32 = 1 << 4;
 
 /// Outlier waits for the agent. Reserve-or-drop: a full ring counts `RingbufFull`.
 #[map]
@@ -87,7 +109,14 @@ fn try_sched_switch(ctx: &BtfTracePointContext) {
     let prev: *const u8 = ctx.arg(1);
     let next: *const u8 = ctx.arg(2);
     let prev_state: u32 = ctx.arg(3);
-    let now = unsafe { bpf_ktime_get_ns() };
+    let kernel_stamps = global(&SCHED_OFFSETS.enabled) != 0;
+    // With the scheduler's stamps, its clock times everything here (no helper call); the
+    // wakeup programs' stamps are CLOCK_MONOTONIC.
+    let now = if kernel_stamps {
+        rq_clock(next)
+    } else {
+        unsafe { bpf_ktime_get_ns() }
+    };
 
     // A plain load of `prev->pid` is cheaper than the get_current_pid_tgid helper.
     let prev_tid = btf_task_tid(prev);
@@ -106,11 +135,15 @@ fn try_sched_switch(ctx: &BtfTracePointContext) {
             unsafe {
                 (*e).off_ts = now;
                 if involuntary {
-                    (*e).queued_ts = now;
+                    if !kernel_stamps {
+                        (*e).queued_ts = now;
+                    }
                     (*e).flags = ((*e).flags & !THREAD_ON_CPU) | THREAD_OFF_INVOLUNTARY;
                     (*e).switches_involuntary += 1;
                 } else {
-                    (*e).queued_ts = 0;
+                    if !kernel_stamps {
+                        (*e).queued_ts = 0;
+                    }
                     (*e).flags &= !(THREAD_ON_CPU | THREAD_OFF_INVOLUNTARY);
                     (*e).switches_voluntary += 1;
                 }
@@ -132,12 +165,10 @@ fn try_sched_switch(ctx: &BtfTracePointContext) {
     };
     // SAFETY: as above.
     unsafe {
-        let queued = (*e).queued_ts;
         let off = (*e).off_ts;
-        let involuntary = (*e).flags & THREAD_OFF_INVOLUNTARY != 0;
-        (*e).queued_ts = 0;
+        let flags = (*e).flags;
+        let involuntary = flags & THREAD_OFF_INVOLUNTARY != 0;
         (*e).off_ts = 0;
-        (*e).flags |= THREAD_ON_CPU;
         if off != 0 {
             let d = now.saturating_sub(off);
             if involuntary {
@@ -146,10 +177,25 @@ fn try_sched_switch(ctx: &BtfTracePointContext) {
                 (*e).offcpu_voluntary_ns += d;
             }
         }
-        if queued == 0 {
-            return; // became runnable before we attached
-        }
-        let delay = now.saturating_sub(queued);
+        let delay = if kernel_stamps {
+            let (delay, run_delay) = scheduler_wait(next, now, (*e).queued_ts, flags);
+            (*e).queued_ts = run_delay;
+            (*e).flags = flags | THREAD_ON_CPU | THREAD_RUN_DELAY_SEEN;
+            delay
+        } else {
+            let queued = (*e).queued_ts;
+            (*e).queued_ts = 0;
+            (*e).flags = flags | THREAD_ON_CPU;
+            // 0: became runnable before we attached
+            if queued == 0 {
+                None
+            } else {
+                Some(now.saturating_sub(queued))
+            }
+        };
+        let Some(delay) = delay else {
+            return;
+        };
         if let Some(s) = (*e).runq_slots.get_mut(log2_slot(delay)) {
             *s += 1;
         }
@@ -167,9 +213,48 @@ fn try_sched_switch(ctx: &BtfTracePointContext) {
             (*e).runq_preempted += 1;
         }
         if delay >= global(&RUNQ_OUTLIER_NS) {
-            send_outlier(&*e, tid, now, delay, involuntary, prev_tid);
+            let ts = if kernel_stamps {
+                bpf_ktime_get_ns()
+            } else {
+                now
+            };
+            send_outlier(&*e, tid, ts, delay, involuntary, prev_tid);
         }
     }
+}
+
+/// This CPU's `rq->clock` (ns), through `next->se.cfs_rq->rq`: `__schedule` updated it just
+/// before `sched_switch`, and the scheduler's own accounting reads the same value right after.
+/// 0 if a pointer on the way is NULL (the loads are fault-safe).
+#[inline(always)]
+fn rq_clock(next: *const u8) -> u64 {
+    let o = &SCHED_OFFSETS;
+    let cfs_rq: *const u8 = btf_load(next, global(&o.se_cfs_rq));
+    let rq: *const u8 = btf_load(cfs_rq, global(&o.cfs_rq_rq));
+    btf_load(rq, global(&o.rq_clock))
+}
+
+/// The wait of `next`, switching in at rq clock `clock`, from the scheduler's stamps, and its
+/// `sched_info.run_delay` once the scheduler has added that wait. `seen` is the run delay stored
+/// at its previous switch-in (valid when `flags` has [`THREAD_RUN_DELAY_SEEN`]). `None`: it was
+/// not queued (nothing stamped, nothing added since it last ran).
+#[inline(always)]
+fn scheduler_wait(next: *const u8, clock: u64, seen: u64, flags: u32) -> (Option<u64>, u64) {
+    let o = &SCHED_OFFSETS;
+    let last_queued: u64 = btf_load(next, global(&o.last_queued));
+    let run_delay: u64 = btf_load(next, global(&o.run_delay));
+    // Waits the scheduler closed without a switch-in: the part of this wait spent queued on
+    // another CPU before a migration (`sched_info_dequeue`).
+    let earlier = if flags & THREAD_RUN_DELAY_SEEN != 0 {
+        run_delay.saturating_sub(seen)
+    } else {
+        0
+    };
+    if last_queued == 0 {
+        return (if earlier > 0 { Some(earlier) } else { None }, run_delay);
+    }
+    let here = clock.saturating_sub(last_queued);
+    (Some(earlier + here), run_delay + here)
 }
 
 #[inline(always)]

@@ -103,9 +103,17 @@ pub fn btf_task_tgid(task: *const u8) -> u32 {
 
 #[inline(always)]
 fn btf_u32(task: *const u8, offset: u32) -> u32 {
-    // SAFETY: `task` is a task_struct pointer from the tracepoint's arguments; the verifier
-    // refuses the program unless `offset` is that of a u32 field of task_struct.
-    unsafe { core::ptr::read_volatile(task.wrapping_add(offset as usize).cast::<u32>()) }
+    btf_load(task, offset)
+}
+
+/// A field of a kernel struct reached from a BTF tracepoint's arguments (`PTR_TO_BTF_ID`, or a
+/// pointer loaded from one): a plain load that the verifier checks against BTF and makes
+/// fault-safe (a bad pointer reads 0).
+#[inline(always)]
+pub fn btf_load<T: Copy>(base: *const u8, offset: u32) -> T {
+    // SAFETY: `base` is a kernel struct pointer the verifier types from BTF; it refuses the
+    // program unless `offset` is that of a field of type `T` in that struct.
+    unsafe { core::ptr::read_volatile(base.wrapping_add(offset as usize).cast::<T>()) }
 }
 
 /// `task->tgid`, the process id.

@@ -9,7 +9,7 @@
 
 use std::{collections::HashMap, path::Path};
 
-use slo_probe_common::SockOffsets;
+use slo_probe_common::{SchedOffsets, SockOffsets};
 
 /// Where the running kernel exposes its BTF.
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -398,6 +398,22 @@ impl TaskOffsets {
     }
 }
 
+/// Where `sched_switch` reads the scheduler's run-queue stamps (see [`SchedOffsets`]); an error
+/// names the first field this kernel's BTF lacks (no `CONFIG_SCHED_INFO` or
+/// `CONFIG_FAIR_GROUP_SCHED`), and the wakeup programs stamp waits instead.
+pub fn sched_offsets(btf: &Btf) -> Result<SchedOffsets, BtfError> {
+    let sched_info = btf.member_offset("task_struct", "sched_info")?;
+    let se = btf.member_offset("task_struct", "se")?;
+    Ok(SchedOffsets {
+        enabled: 1,
+        last_queued: sched_info + btf.member_offset("sched_info", "last_queued")?,
+        run_delay: sched_info + btf.member_offset("sched_info", "run_delay")?,
+        se_cfs_rq: se + btf.member_offset("sched_entity", "cfs_rq")?,
+        cfs_rq_rq: btf.member_offset("cfs_rq", "rq")?,
+        rq_clock: btf.member_offset("rq", "clock")?,
+    })
+}
+
 /// The network programs' kernel offsets (see [`SockOffsets`]).
 pub fn sock_offsets(btf: &Btf) -> Result<SockOffsets, BtfError> {
     let sc = |m| btf.member_offset("sock_common", m);
@@ -503,6 +519,10 @@ mod tests {
         // seq and end_seq come first in tcp_skb_cb; the address pair opens sock_common.
         assert_eq!(sock.tcp_gso_segs, 8, "{sock:?}");
         assert_eq!((sock.daddr, sock.rcv_saddr), (0, 4), "{sock:?}");
+        // sched_info's stamps are unsigned long long, in the order the kernel declares them.
+        let sched = sched_offsets(&btf).expect("scheduler stamps (CONFIG_SCHED_INFO)");
+        assert!(sched.last_queued > sched.run_delay, "{sched:?}");
+        assert!(sched.rq_clock > 0 && sched.se_cfs_rq > 0, "{sched:?}");
         assert_eq!(btf.tracepoint_args("sched_switch"), Some(4));
         assert_eq!(btf.tracepoint_args("sched_wakeup"), Some(1));
         assert_eq!(btf.tracepoint_args("no_such_tracepoint"), None);

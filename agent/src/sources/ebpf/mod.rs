@@ -22,7 +22,9 @@ use aya::{
     programs::{BtfTracePoint, ProgramError},
     Btf, Ebpf, EbpfLoader,
 };
-use slo_probe_common::{ConnStats, Counter, SockOffsets, ThreadStats, CONN_CLOSED, THREAD_EXITED};
+use slo_probe_common::{
+    ConnStats, Counter, SchedOffsets, SockOffsets, ThreadStats, CONN_CLOSED, THREAD_EXITED,
+};
 use slo_probe_core::{net::ConnRead, snapshot::ProbeStatus, threads::ThreadRead};
 
 use self::{
@@ -35,6 +37,9 @@ use crate::sources::procfs;
 static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/slo-probe-ebpf"));
 
+/// The wakeup programs, attached only where `sched_switch` cannot read the scheduler's own
+/// run-queue stamps (see `SchedOffsets`).
+pub const WAKEUP_PROGRAMS: [&str; 2] = ["sched_wakeup", "sched_wakeup_new"];
 /// The scheduling programs, in attach order (wakeups first, so that `sched_switch` finds stamps).
 pub const SCHED_PROGRAMS: [&str; 4] = [
     "sched_wakeup",
@@ -122,6 +127,9 @@ pub struct EbpfSettings {
     pub max_conns: u32,
     /// The job's root processes; `None` follows every process on the node.
     pub targets: Option<Vec<u32>>,
+    /// Stamp run-queue waits with the wakeup programs even where the scheduler's own stamps can
+    /// be read (the fallback for kernels without them; tests and benches compare the two).
+    pub wakeup_stamps: bool,
 }
 
 impl Default for EbpfSettings {
@@ -133,6 +141,7 @@ impl Default for EbpfSettings {
             net: true,
             max_conns: 4096,
             targets: None,
+            wakeup_stamps: false,
         }
     }
 }
@@ -178,6 +187,7 @@ pub struct Probes {
     statuses: Vec<ProbeStatus>,
     filtered: bool,
     batch_ok: bool,
+    scheduler_stamps: bool,
 }
 
 fn up(name: &'static str) -> ProbeStatus {
@@ -212,6 +222,12 @@ impl crate::sources::Source for Probes {
 }
 
 impl Probes {
+    /// Whether `sched_switch` reads the scheduler's own run-queue stamps (no program runs on a
+    /// wakeup); `false` where the wakeup programs stamp waits.
+    pub fn scheduler_stamps(&self) -> bool {
+        self.scheduler_stamps
+    }
+
     /// Checks the machine, loads the object and attaches every family it can.
     pub fn load(settings: &EbpfSettings) -> Result<Self, EbpfError> {
         let preflight = Preflight::run();
@@ -233,6 +249,17 @@ impl Probes {
         } else {
             Ok(SockOffsets::default())
         };
+        let sched = if settings.wakeup_stamps {
+            SchedOffsets::default()
+        } else {
+            btf::sched_offsets(&kernel_btf).unwrap_or_else(|e| {
+                log::info!(
+                    "run-queue waits stamped by the wakeup programs ({}): one more program per wakeup",
+                    crate::error_chain(&e)
+                );
+                SchedOffsets::default()
+            })
+        };
         let threshold_ns = u64::try_from(settings.outlier_threshold.as_nanos()).unwrap_or(u64::MAX);
         let filter = u32::from(settings.targets.is_some());
         let patched_sock = sock.as_ref().copied().unwrap_or_default();
@@ -243,6 +270,7 @@ impl Probes {
             .override_global("RUNQ_OUTLIER_NS", &threshold_ns, true)
             .override_global("FILTER_TRACKED", &filter, true)
             .override_global("SOCK_OFFSETS", &patched_sock, true)
+            .override_global("SCHED_OFFSETS", &sched, true)
             .map_max_entries("THREADS", settings.max_threads)
             .map_max_entries("CONNS", settings.max_conns)
             .map_max_entries("RUNQ_EVENTS", settings.ring_bytes)
@@ -253,7 +281,13 @@ impl Probes {
         let mut statuses = Vec::new();
 
         // Scheduling: required.
-        for name in SCHED_PROGRAMS.into_iter().filter(|n| sel.wants(n)) {
+        // With the scheduler's stamps nothing runs on a wakeup.
+        let stamps_wakeups = |n: &&str| sched.enabled == 0 || !WAKEUP_PROGRAMS.contains(n);
+        for name in SCHED_PROGRAMS
+            .into_iter()
+            .filter(|n| sel.wants(n))
+            .filter(stamps_wakeups)
+        {
             attach_btf(&mut ebpf, name, &btf)?;
         }
         statuses.push(up("runqueue"));
@@ -327,6 +361,7 @@ impl Probes {
             statuses,
             filtered: settings.targets.is_some(),
             batch_ok: true,
+            scheduler_stamps: sched.enabled != 0,
         };
         if let Some(targets) = &settings.targets {
             // Fork following is attached first, so a process forked from here on is caught in
