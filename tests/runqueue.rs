@@ -24,7 +24,14 @@
 //!   tracepoints see: measured 0 ns against the probe's 0.35 ms over 20 sleeps of an idle
 //!   thread.)
 
-use std::{sync::Mutex, time::Duration};
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex, MutexGuard,
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
 
 use slo_probe::sources::ebpf::{
     EbpfSettings, Probes, Selection, NET_PROGRAMS, PROC_PROGRAMS, SCHED_PROGRAMS,
@@ -40,6 +47,12 @@ use slo_probe_tests::{
 static SERIAL: Mutex<()> = Mutex::new(());
 
 const WINDOW: Duration = Duration::from_millis(1500);
+
+/// The lock that runs the tests one at a time, when running as root (`None`: skipped).
+fn serial_as_root(test: &str) -> Option<MutexGuard<'static, ()>> {
+    let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    root_or_skip(test).then_some(serial)
+}
 
 fn settings() -> EbpfSettings {
     EbpfSettings {
@@ -103,10 +116,9 @@ fn ms(ns: u64) -> f64 {
 
 #[test]
 fn contended_busy_thread_delay_matches_schedstat_and_off_cpu_time() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root_or_skip("contended_busy_thread") {
+    let Some(_serial) = serial_as_root("contended_busy_thread") else {
         return;
-    }
+    };
     let mut probe = load();
     let report = run_victim("rq-victim", 0, WINDOW, Behaviour::Busy, || {
         Hogs::start(2, 0)
@@ -185,19 +197,17 @@ fn contended_busy_thread_delay_matches_schedstat_and_off_cpu_time() {
 
 #[test]
 fn contended_sleeping_thread_delay_matches_schedstat() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root_or_skip("contended_sleeping_thread") {
+    let Some(_serial) = serial_as_root("contended_sleeping_thread") else {
         return;
-    }
+    };
     sleeping_check(load());
 }
 
 #[test]
 fn contended_sleeping_thread_delay_matches_schedstat_with_wakeup_stamps() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root_or_skip("contended_sleeping_thread_with_wakeup_stamps") {
+    let Some(_serial) = serial_as_root("contended_sleeping_thread_with_wakeup_stamps") else {
         return;
-    }
+    };
     sleeping_check(load_wakeup_stamps());
 }
 
@@ -206,21 +216,20 @@ fn contended_sleeping_thread_delay_matches_schedstat_with_wakeup_stamps() {
 /// stamp restarts on the second queue), and the probe must count both parts.
 #[test]
 fn migrated_thread_delay_matches_schedstat() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root_or_skip("migrated_thread") {
+    let Some(_serial) = serial_as_root("migrated_thread") else {
         return;
-    }
+    };
     assert!(online_cpus() >= 2, "needs two CPUs to migrate between");
     let mut probe = load();
     let report = run_victim_tid("rq-migrant", 0, WINDOW, Behaviour::Busy, |tid| {
         let hogs = (Hogs::start(1, 0), Hogs::start(1, 1));
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
         let flipper = {
             let stop = stop.clone();
             std::thread::spawn(move || {
                 let mut cpu = 0;
                 let mut moves = 0u32;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                while !stop.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_micros(2500));
                     cpu = 1 - cpu;
                     if pin_thread_to_cpu(tid, cpu).is_err() {
@@ -259,14 +268,14 @@ fn migrated_thread_delay_matches_schedstat() {
 
 /// Hogs on two CPUs and a thread moving the victim between them, until dropped.
 struct Flip {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    flipper: Option<std::thread::JoinHandle<u32>>,
+    stop: Arc<AtomicBool>,
+    flipper: Option<JoinHandle<u32>>,
     _hogs: (Hogs, Hogs),
 }
 
 impl Drop for Flip {
     fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.stop.store(true, Ordering::Relaxed);
         if let Some(f) = self.flipper.take() {
             let moves = f.join().expect("flipper");
             eprintln!("moved the victim {moves} times");
@@ -317,10 +326,9 @@ fn sleeping_check(mut probe: Probes) {
 
 #[test]
 fn uncontended_thread_shows_little_delay() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root_or_skip("uncontended_thread") {
+    let Some(_serial) = serial_as_root("uncontended_thread") else {
         return;
-    }
+    };
     let cpus = online_cpus();
     assert!(cpus >= 2, "needs two CPUs to keep one free of contention");
     let mut probe = load();
@@ -359,10 +367,9 @@ fn uncontended_thread_shows_little_delay() {
 /// a wakeup are missed.
 #[test]
 fn checks_fail_when_the_probe_is_broken() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !root_or_skip("checks_fail_when_the_probe_is_broken") {
+    let Some(_serial) = serial_as_root("checks_fail_when_the_probe_is_broken") else {
         return;
-    }
+    };
     let without = |skip: &[&str]| -> Selection {
         Selection {
             only: Some(

@@ -134,16 +134,14 @@ fn try_sched_switch(ctx: &BtfTracePointContext) {
             // writes these fields, one at a time.
             unsafe {
                 (*e).off_ts = now;
+                if !kernel_stamps {
+                    // The wakeup programs' stamp: a preempted thread starts waiting now.
+                    (*e).queued_ts = if involuntary { now } else { 0 };
+                }
                 if involuntary {
-                    if !kernel_stamps {
-                        (*e).queued_ts = now;
-                    }
                     (*e).flags = ((*e).flags & !THREAD_ON_CPU) | THREAD_OFF_INVOLUNTARY;
                     (*e).switches_involuntary += 1;
                 } else {
-                    if !kernel_stamps {
-                        (*e).queued_ts = 0;
-                    }
                     (*e).flags &= !(THREAD_ON_CPU | THREAD_OFF_INVOLUNTARY);
                     (*e).switches_voluntary += 1;
                 }

@@ -91,19 +91,14 @@ pub fn task_tid(task: *const u8) -> Option<u32> {
 /// from 160 to 140 ns a run and the switch program from 224 to 202 ns.
 #[inline(always)]
 pub fn btf_task_tid(task: *const u8) -> u32 {
-    btf_u32(task, global(&TASK_PID_OFFSET))
+    btf_load(task, global(&TASK_PID_OFFSET))
 }
 
 /// `task->tgid` of a task a BTF tracepoint passed, as [`btf_task_tid`] reads its pid (read for
 /// every thread the job filter has not seen yet, on each of its wakeups and switches).
 #[inline(always)]
 pub fn btf_task_tgid(task: *const u8) -> u32 {
-    btf_u32(task, global(&TASK_TGID_OFFSET))
-}
-
-#[inline(always)]
-fn btf_u32(task: *const u8, offset: u32) -> u32 {
-    btf_load(task, offset)
+    btf_load(task, global(&TASK_TGID_OFFSET))
 }
 
 /// A field of a kernel struct reached from a BTF tracepoint's arguments (`PTR_TO_BTF_ID`, or a
