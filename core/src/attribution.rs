@@ -15,12 +15,16 @@
 //! the cause behind the dimension: run-queue wait of the launching or loader threads, cgroup
 //! throttling, TCP retransmits on the communication sockets.
 
-use std::{fmt::Write as _, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt::Write as _,
+    sync::Arc,
+};
 
 use rustc_hash::FxHashMap;
 
 use crate::{
-    gputrace::{Iteration, OpKind},
+    gputrace::{GraphComposition, Iteration, OpKind},
     host::HostDelta,
     roles::Role,
 };
@@ -585,6 +589,96 @@ pub fn refine_graph_cause(
         rank(&mut a.causes[1..]);
     }
     a.causes.truncate(TOP);
+    true
+}
+
+/// Where the top cause of `a` is a CUDA graph new since the baseline (torch.compile captured a
+/// changed module again) and node-level iterations could not look into it
+/// ([`refine_graph_cause`]), names what changed from how the graphs were captured
+/// (`composition`, [`crate::gputrace::TraceAssembler::graph_composition`]): the graph it
+/// replaced is the one of the baseline, launched less often now, whose nodes by operator
+/// differ least from it; the named operator with the most nodes added takes the top, with the graph's dimension
+/// and delta. Returns whether it did; with no such graph, or nodes added by no named
+/// operator (a module launching the same kernels with another configuration), `a` is left as
+/// it is.
+pub fn refine_graph_by_composition(
+    a: &mut Attribution,
+    baseline: &Profile,
+    now: &Profile,
+    composition: &GraphComposition,
+) -> bool {
+    let Some(top) = a.causes.first() else {
+        return false;
+    };
+    let graph_id = |op: &str| op.strip_prefix("graph#")?.parse::<u32>().ok();
+    let launched = |p: &Profile, op: &str| p.ops.get(op).is_some_and(|o| o.count > 0);
+    if !is_graph(top, baseline, now) || launched(baseline, &top.op) {
+        return false;
+    }
+    let Some(new) = graph_id(&top.op).and_then(|id| composition.get(&id)) else {
+        return false;
+    };
+    let distance = |old: &BTreeMap<String, u32>| -> u64 {
+        let labels: BTreeSet<&String> = new.keys().chain(old.keys()).collect();
+        labels
+            .into_iter()
+            .map(|l| {
+                let (x, y) = (new.get(l).copied(), old.get(l).copied());
+                u64::from(x.unwrap_or(0).abs_diff(y.unwrap_or(0)))
+            })
+            .sum()
+    };
+    // Launched less often now than before (the window the change happened in still has some
+    // launches of the old graph).
+    let rate = |p: &Profile, op: &str| {
+        p.ops.get(op).map_or(0.0, |o| o.count as f64) / p.traced.max(1) as f64
+    };
+    let replaced = baseline
+        .ops
+        .iter()
+        .filter(|(op, o)| {
+            o.kind == OpKind::Graph && o.count > 0 && rate(now, &op.0) < 0.9 * rate(baseline, &op.0)
+        })
+        .filter_map(|(op, _)| {
+            let id = graph_id(&op.0)?;
+            Some((id, composition.get(&id)?))
+        })
+        .min_by_key(|(id, old)| (distance(old), *id));
+    let Some((old_id, old)) = replaced else {
+        return false;
+    };
+    let added = new
+        .iter()
+        .filter(|(label, _)| !label.is_empty())
+        .map(|(label, &n)| {
+            (
+                label,
+                n.saturating_sub(old.get(label).copied().unwrap_or(0)),
+            )
+        })
+        .filter(|(_, more)| *more > 0)
+        .max_by(|x, y| x.1.cmp(&y.1).then_with(|| y.0.cmp(x.0)));
+    let Some((label, more)) = added else {
+        return false;
+    };
+    let nodes = |c: &BTreeMap<String, u32>| c.values().copied().map(u64::from).sum::<u64>();
+    let graph = a.causes.remove(0);
+    let detail = format!(
+        "{more} more of its nodes in {} than in graph#{old_id}, which that graph replaced ({} → \
+         {} nodes, as captured): {}",
+        graph.op,
+        nodes(old),
+        nodes(new),
+        graph.detail
+    );
+    a.causes.insert(
+        0,
+        Cause {
+            op: label.clone(),
+            detail,
+            ..graph
+        },
+    );
     true
 }
 
@@ -1186,6 +1280,95 @@ mod tests {
             &nodes(14_500_000)
         ));
         assert_eq!(e.top().map(|c| c.op.as_str()), Some("adam"));
+    }
+
+    #[test]
+    fn a_new_graph_is_named_by_the_operator_its_capture_added() {
+        const G: OpKind = OpKind::Graph;
+        // torch.compile captured the forward again: graph#5 replaced by graph#17, 3 ms longer;
+        // the backward (graph#8) captured again as it was (graph#20), no longer.
+        let before = profile(
+            20,
+            &[
+                ("graph#5", G, 8_000_000, 0, 0.5),
+                ("graph#8", G, 6_000_000, 0, 0.5),
+            ],
+            0,
+        );
+        let now = profile(
+            20,
+            &[
+                ("graph#17", G, 11_000_000, 0, 0.5),
+                ("graph#20", G, 6_000_000, 0, 0.5),
+            ],
+            0,
+        );
+        let comp = |pairs: &[(&str, u32)]| -> BTreeMap<String, u32> {
+            pairs.iter().map(|(l, n)| ((*l).to_owned(), *n)).collect()
+        };
+        let mut composition = GraphComposition::new();
+        composition.insert(5, comp(&[("", 116), ("blocks.1.mlp", 5)]));
+        composition.insert(8, comp(&[("", 378), ("blocks.1.mlp", 12)]));
+        composition.insert(
+            17,
+            comp(&[("", 121), ("blocks.1.mlp", 5), ("blocks.2.attn.extra", 4)]),
+        );
+        composition.insert(20, comp(&[("", 378), ("blocks.1.mlp", 12)]));
+        let mut a = attribute(&before, &now).expect("attribution");
+        assert_eq!(a.top().map(|c| c.op.as_str()), Some("graph#17"));
+        let sum = |a: &Attribution| a.causes.iter().map(|c| c.delta_ns).sum::<f64>();
+        let total = sum(&a);
+        assert!(refine_graph_by_composition(
+            &mut a,
+            &before,
+            &now,
+            &composition
+        ));
+        let top = a.top().expect("top");
+        assert_eq!(
+            (top.op.as_str(), top.dimension),
+            ("blocks.2.attn.extra", Dimension::Execution)
+        );
+        assert!(
+            top.detail
+                .starts_with("4 more of its nodes in graph#17 than in graph#5"),
+            "{}",
+            top.detail
+        );
+        assert!((sum(&a) - total).abs() < 1.0, "the deltas are kept: {a:?}");
+        // The named operator is no graph: done once.
+        assert!(!refine_graph_by_composition(
+            &mut a,
+            &before,
+            &now,
+            &composition
+        ));
+        // Captured again with the same nodes (another launch configuration): nothing to name.
+        let mut same = composition.clone();
+        same.insert(17, comp(&[("", 116), ("blocks.1.mlp", 5)]));
+        let mut b = attribute(&before, &now).expect("attribution");
+        assert!(!refine_graph_by_composition(&mut b, &before, &now, &same));
+        assert_eq!(b.top().map(|c| c.op.as_str()), Some("graph#17"));
+        // Without the capture records of the new graph, nothing either.
+        composition.remove(&17);
+        assert!(!refine_graph_by_composition(
+            &mut b,
+            &before,
+            &now,
+            &composition
+        ));
+        // A graph the baseline launched as often is not new: left alone.
+        let grown = profile(
+            20,
+            &[
+                ("graph#5", G, 11_000_000, 0, 0.5),
+                ("graph#8", G, 6_000_000, 0, 0.5),
+            ],
+            0,
+        );
+        let mut c = attribute(&before, &grown).expect("attribution");
+        assert_eq!(c.top().map(|c| c.op.as_str()), Some("graph#5"));
+        assert!(!refine_graph_by_composition(&mut c, &before, &grown, &same));
     }
 
     #[test]

@@ -460,6 +460,10 @@ fn itanium_nested_name(name: &str) -> Option<String> {
     last
 }
 
+/// Nodes of each CUDA graph (by graph id) per label of the operator that captured them
+/// ([`TraceAssembler::graph_composition`]).
+pub type GraphComposition = BTreeMap<u32, BTreeMap<String, u32>>;
+
 /// Operators kept per graph by [`TraceAssembler::graph_ops`].
 pub const GRAPH_OPS: usize = 8;
 
@@ -635,6 +639,11 @@ pub struct TraceAssembler {
     graph_contents: FxHashMap<u32, FxHashMap<(u32, u32), u64>>,
     /// Whether `graph_contents` grew since [`TraceAssembler::graph_ops`] was last asked.
     graph_contents_changed: bool,
+    /// Nodes of each graph by the operator that captured them (0: none), from the node
+    /// records (the capture, and the clones instantiation makes).
+    graph_nodes: FxHashMap<u32, FxHashMap<u32, u32>>,
+    /// Whether `graph_nodes` grew since [`TraceAssembler::graph_composition`] was last asked.
+    graph_nodes_changed: bool,
     table: OpTable,
     /// Scratch of `summarise`, indexed by operator.
     acc: Vec<OpAcc>,
@@ -683,6 +692,8 @@ pub struct TraceAssembler {
     string_bytes: usize,
     /// Entries of `graph_contents`, all graphs together.
     graph_entries: usize,
+    /// Entries of `graph_nodes`, all graphs together.
+    graph_node_entries: usize,
     /// Records dropped because a table was full ([`MAX_PENDING`], [`MAX_OPEN_STEPS`],
     /// [`MAX_GRAPHS`], [`MAX_GRAPH_KERNELS`]).
     pub capped: u64,
@@ -854,6 +865,52 @@ impl TraceAssembler {
         Some(out)
     }
 
+    /// Counts a node of `graph` captured under operator `op` (0: none), within
+    /// [`MAX_GRAPHS`] graphs and [`MAX_GRAPH_ENTRIES`] entries.
+    fn count_graph_node(&mut self, graph: u32, op: u32) {
+        if !self.graph_nodes.contains_key(&graph) && self.graph_nodes.len() >= MAX_GRAPHS {
+            self.capped += 1;
+            return;
+        }
+        let ops = self.graph_nodes.entry(graph).or_default();
+        match ops.get_mut(&op) {
+            Some(n) => *n = n.saturating_add(1),
+            None if self.graph_node_entries < MAX_GRAPH_ENTRIES => {
+                ops.insert(op, 1);
+                self.graph_node_entries += 1;
+            }
+            None => {
+                self.capped += 1;
+                return;
+            }
+        }
+        self.graph_nodes_changed = true;
+    }
+
+    /// What each CUDA graph was captured from: its nodes by the label of the operator active
+    /// when they were created (`""`: none), from the node records, which arrive at capture and
+    /// instantiation, before any replay. `None` when nothing changed since the last call.
+    pub fn graph_composition(&mut self) -> Option<GraphComposition> {
+        if !std::mem::take(&mut self.graph_nodes_changed) {
+            return None;
+        }
+        let mut out = GraphComposition::new();
+        for (&graph, ops) in &self.graph_nodes {
+            let mut by_label: BTreeMap<String, u32> = BTreeMap::new();
+            for (&op, &n) in ops {
+                let label = if op == 0 {
+                    String::new()
+                } else {
+                    self.ops.get(&op).cloned().unwrap_or_default()
+                };
+                let sum = by_label.entry(label).or_default();
+                *sum = sum.saturating_add(n);
+            }
+            out.insert(graph, by_label);
+        }
+        Some(out)
+    }
+
     /// Takes one decoded record.
     pub fn push(&mut self, r: &AnyRecord<'_>) {
         let a = match r {
@@ -964,6 +1021,7 @@ impl TraceAssembler {
                 if op != 0 && self.node_ops.len() < MAX_NODE_OPS {
                     self.node_ops.insert(n.node_id, op);
                 }
+                self.count_graph_node(n.graph_id, op);
                 return;
             }
             AnyRecord::String(s) => {
@@ -2405,6 +2463,62 @@ mod tests {
     fn an_activity_stays_small() {
         // MAX_PENDING of them per live process (the hostile-client RSS bound counts on it).
         assert!(std::mem::size_of::<Activity>() <= 80);
+    }
+
+    /// A graph's composition counts its nodes by the operator that captured them, a clone by
+    /// its original's; nodes of graphs beyond [`MAX_GRAPHS`] are counted as capped.
+    #[test]
+    fn graph_composition_counts_nodes_by_their_capturing_operator() {
+        use slo_probe_common::gpu::{GraphNodeRecord, NODE_CLONED, NODE_CREATED};
+        let mut t = TraceAssembler::new();
+        for (id, name) in [(5, "blocks.1.mlp"), (6, "blocks.2.attn.extra")] {
+            let b = string(id, STRING_OP, name);
+            let (r, _) = slo_probe_common::decode(&b).expect("string");
+            t.push(&r);
+        }
+        let node = |node_id: u64, original: u64, graph_id: u32, op_id: u32| GraphNodeRecord {
+            header: RecordHeader::of::<GraphNodeRecord>(),
+            node_id,
+            original_node_id: original,
+            graph_id,
+            op_id,
+            flags: if original == 0 {
+                NODE_CREATED
+            } else {
+                NODE_CLONED
+            },
+            _pad: 0,
+        };
+        // Captured in graph 4: two nodes of the mlp, one of the extra, one outside operators;
+        // instantiated as graph 5 (clones), which adds a node of its own.
+        for (n, op) in [(1, 5), (2, 5), (3, 6), (4, 0)] {
+            t.push(&AnyRecord::GraphNode(node(n, 0, 4, op)));
+        }
+        for n in 1..=4 {
+            t.push(&AnyRecord::GraphNode(node(100 + n, n, 5, 0)));
+        }
+        t.push(&AnyRecord::GraphNode(node(200, 0, 5, 0)));
+        let c = t.graph_composition().expect("changed");
+        let want = |pairs: &[(&str, u32)]| -> BTreeMap<String, u32> {
+            pairs.iter().map(|(l, n)| ((*l).to_owned(), *n)).collect()
+        };
+        let four = want(&[("", 1), ("blocks.1.mlp", 2), ("blocks.2.attn.extra", 1)]);
+        assert_eq!(c.get(&4), Some(&four));
+        let five = want(&[("", 2), ("blocks.1.mlp", 2), ("blocks.2.attn.extra", 1)]);
+        assert_eq!(c.get(&5), Some(&five));
+        assert!(t.graph_composition().is_none(), "nothing new since");
+        let capped = t.capped;
+        for g in 0..MAX_GRAPHS as u32 {
+            t.push(&AnyRecord::GraphNode(node(
+                1_000 + u64::from(g),
+                0,
+                10 + g,
+                0,
+            )));
+        }
+        let c = t.graph_composition().expect("changed");
+        assert_eq!(c.len(), MAX_GRAPHS);
+        assert_eq!(t.capped - capped, 2, "two graphs beyond the cap");
     }
 
     /// A CPU running two iterations ahead of the GPU, as on the H200 (a GPU-bound eager job):

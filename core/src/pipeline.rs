@@ -168,6 +168,8 @@ pub struct ProcessPipeline {
     graph_ops_at: u64,
     /// The process replays CUDA graphs.
     graphs_seen: bool,
+    /// How the job's CUDA graphs were captured (for the engine).
+    composition: Arc<crate::gputrace::GraphComposition>,
     /// A node-level sample asked for: since when, and the node-level iterations it still needs.
     node_sample: Option<(u64, u32)>,
     /// When the next node-level sample is due, ns.
@@ -202,6 +204,7 @@ impl ProcessPipeline {
             now_ns: 0,
             graph_ops_at: 0,
             graphs_seen: false,
+            composition: Arc::default(),
             node_sample: None,
             node_sample_due: 0,
         })
@@ -339,10 +342,17 @@ impl ProcessPipeline {
             };
             // The base spec was validated; a fitted window is within the valid range.
             if let Ok(mut e) = SloEngine::new(spec) {
+                e.set_graph_composition(self.composition.clone());
                 for s in self.host_early.drain(..) {
                     e.push_host(s);
                 }
                 self.engine = Some(e);
+            }
+        }
+        if let Some(c) = self.asm.graph_composition() {
+            self.composition = Arc::new(c);
+            if let Some(e) = &mut self.engine {
+                e.set_graph_composition(self.composition.clone());
             }
         }
         if !self.finished {
@@ -541,11 +551,24 @@ pub fn drive<'a>(
     host: &[HostSample],
     gpu: Option<&GpuHistory>,
 ) {
+    drive_ticks(p, records, host, gpu, |_, _| {});
+}
+
+/// [`drive`], calling `tick` with the pipeline and the time after each of its advances (the
+/// agent's ticks, where its healer looked at the snapshot).
+pub fn drive_ticks<'a>(
+    p: &mut ProcessPipeline,
+    records: impl IntoIterator<Item = (u64, AnyRecord<'a>)>,
+    host: &[HostSample],
+    gpu: Option<&GpuHistory>,
+    mut tick: impl FnMut(&mut ProcessPipeline, u64),
+) {
     let mut next = 0;
     for (at, r) in records {
         while next < host.len() && host[next].at_ns < at {
             p.push_host(host[next].clone());
             p.advance(host[next].at_ns, gpu, true);
+            tick(p, host[next].at_ns);
             next += 1;
         }
         p.push(&r);
@@ -553,6 +576,7 @@ pub fn drive<'a>(
     for s in &host[next..] {
         p.push_host(s.clone());
         p.advance(s.at_ns, gpu, true);
+        tick(p, s.at_ns);
     }
     p.finish(gpu);
 }

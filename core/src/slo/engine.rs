@@ -2,7 +2,7 @@
 //! learned from the job's own healthy windows, violations with hysteresis, compliance and burn
 //! rate, and the attribution of open violations (see the module docs of [`crate::slo`]).
 
-use std::collections::VecDeque;
+use std::{collections::VecDeque, sync::Arc};
 
 use hdrhistogram::Histogram;
 
@@ -12,10 +12,10 @@ use super::{
 };
 use crate::{
     attribution::{
-        attribute, refine_graph_cause, top_is_graph, Attribution, NodeProfile, Profile,
-        MIN_NODE_ITERATIONS,
+        attribute, refine_graph_by_composition, refine_graph_cause, top_is_graph, Attribution,
+        NodeProfile, Profile, MIN_NODE_ITERATIONS,
     },
-    gputrace::Iteration,
+    gputrace::{GraphComposition, Iteration},
     host::{HostHistory, HostSample},
 };
 
@@ -147,6 +147,8 @@ pub struct SloEngine {
     /// An open violation's top cause is a CUDA graph that node-level iterations have not
     /// looked into yet ([`SloEngine::wants_nodes`]).
     wants_nodes: bool,
+    /// How the job's CUDA graphs were captured ([`SloEngine::set_graph_composition`]).
+    graph_composition: Arc<GraphComposition>,
     violations: Vec<Violation>,
     next_id: u64,
 }
@@ -245,6 +247,7 @@ impl SloEngine {
             healthy_nodes: VecDeque::new(),
             fault_nodes: VecDeque::new(),
             wants_nodes: false,
+            graph_composition: Arc::default(),
             recent: VecDeque::new(),
             healthy: VecDeque::new(),
             violations: Vec::new(),
@@ -609,10 +612,16 @@ impl SloEngine {
                 v.attribution = attribution.clone();
             }
             // A graph as the top cause: what in it, from node-level iterations.
+            // Node-level iterations tell what in it got slower; until they are enough, how the
+            // graphs were captured may tell what changed in it (and node-level ones are still
+            // asked for, to check it).
             if let Some(a) = v.attribution.as_mut().filter(|_| v.metric.per_iteration()) {
-                refine_graph_cause(a, &baseline, &now, &node_baseline, &node_now);
-                wants_nodes |=
-                    top_is_graph(a, &baseline, &now) && node_now.iterations < MIN_NODE_ITERATIONS;
+                if top_is_graph(a, &baseline, &now)
+                    && !refine_graph_cause(a, &baseline, &now, &node_baseline, &node_now)
+                {
+                    wants_nodes |= node_now.iterations < MIN_NODE_ITERATIONS;
+                    refine_graph_by_composition(a, &baseline, &now, &self.graph_composition);
+                }
             }
             v.chain = match &v.attribution {
                 Some(a) if v.metric.per_iteration() => a.chain(&head),
@@ -620,6 +629,13 @@ impl SloEngine {
             };
         }
         self.wants_nodes = wants_nodes;
+    }
+
+    /// How the job's CUDA graphs were captured: their nodes by operator (see
+    /// [`crate::gputrace::TraceAssembler::graph_composition`]), for attributions whose top is
+    /// a graph.
+    pub fn set_graph_composition(&mut self, c: Arc<GraphComposition>) {
+        self.graph_composition = c;
     }
 
     /// Whether an open violation's top cause is a CUDA graph that the node-level iterations
