@@ -460,6 +460,11 @@ pub fn attribute(baseline: &Profile, now: &Profile) -> Option<Attribution> {
         .is_some_and(|c| c.dimension == Dimension::DataLoading)
     {
         late_launch_not_loading(&mut causes, &mut host, baseline, now);
+    } else if causes
+        .first()
+        .is_some_and(|c| c.dimension == Dimension::LaunchLatency)
+    {
+        starved_not_launching(&mut causes, &mut host, baseline, now);
     }
     causes.truncate(TOP);
     // A slower GPU clock lengthens every kernel: the device cause of an execution slowdown.
@@ -686,9 +691,11 @@ pub fn refine_graph_by_composition(
 /// the launching thread is late to launch the iteration's first work: under CUDA graphs (a few
 /// launches per step) a main thread kept off its CPU shows only there (H200, 2026-12-02: the
 /// convnet under `reduce-overhead` with busy loops on the main thread's CPU read as data
-/// loading). Where the loader threads' evidence is absent and the main threads waited for a CPU,
-/// the idle time is the launches': it moves to [`LAUNCHES_OP`] (merged with it when present),
-/// with the main threads' run-queue wait as the host cause.
+/// loading). Where the main threads waited longer for a CPU and the loader threads' evidence
+/// is absent, the idle time is the launches': it moves to [`LAUNCHES_OP`] (merged with it when
+/// present). Where the job's cgroup was throttled, which keeps the main threads and the loaders
+/// waiting alike (H200: the convnet under `reduce-overhead`, 4× slower, read as data loading),
+/// the part up to the main threads' growth moves. The host causes follow the top cause.
 fn late_launch_not_loading(
     causes: &mut Vec<Cause>,
     host: &mut Vec<HostCause>,
@@ -698,7 +705,8 @@ fn late_launch_not_loading(
     let loader_evidence = host.iter().any(|h| {
         h.node == runqueue_node(Role::DataLoader) || h.node == runqueue_node(Role::PinMemory)
     });
-    if loader_evidence {
+    let throttled = host.iter().any(|h| h.node == "host.throttling");
+    if loader_evidence && !throttled {
         return;
     }
     let launch_host = host_causes(Dimension::LaunchLatency, causes[0].delta_ns, baseline, now);
@@ -708,8 +716,33 @@ fn late_launch_not_loading(
     {
         return;
     }
-    let idle = causes.remove(0);
-    let detail = format!("{} while the main threads waited for a CPU", idle.detail);
+    let main_waited = per(now.host.role(Role::Main).runq_ns, now.iterations)
+        - per(baseline.host.role(Role::Main).runq_ns, baseline.iterations);
+    let moved = if loader_evidence {
+        causes[0].delta_ns.min(main_waited.max(0.0))
+    } else {
+        causes[0].delta_ns
+    };
+    let whole = moved >= causes[0].delta_ns;
+    let idle = if whole {
+        causes.remove(0)
+    } else {
+        causes[0].delta_ns -= moved;
+        Cause {
+            delta_ns: moved,
+            ..causes[0].clone()
+        }
+    };
+    let detail = if whole {
+        format!("{} while the main threads waited for a CPU", idle.detail)
+    } else {
+        format!(
+            "{} of the GPU idle before the first kernel while the main threads waited {} more \
+             per iteration for a CPU",
+            ms(moved),
+            ms(main_waited)
+        )
+    };
     match causes.iter_mut().find(|c| c.op == LAUNCHES_OP) {
         Some(l) => {
             l.delta_ns += idle.delta_ns;
@@ -723,7 +756,67 @@ fn late_launch_not_loading(
         }),
     }
     rank(causes);
-    *host = launch_host;
+    if causes
+        .first()
+        .is_some_and(|c| c.dimension == Dimension::LaunchLatency)
+    {
+        *host = launch_host;
+    }
+}
+
+/// The other way round: a job whose CPU runs ahead of the GPU hides its launch gaps behind the
+/// queue; when the next batch comes late the queue drains, the GPU idles before the
+/// iteration's first work, and then waits for each launch until the queue builds up again
+/// (H200, 2026-12-02: busy loops on a compiled convnet's loader CPUs read as the batch norm's
+/// launch latency, +4 ms per iteration, with the data loading second at +2 ms). Where the top
+/// cause is launch latency, the main threads did not wait longer for a CPU, the GPU idle before
+/// the first kernel grew and the loader threads' evidence is there, the launch latencies grown
+/// are the data loading's: they move to [`DATA_LOADING_OP`], with the loaders' wait as the host
+/// cause.
+fn starved_not_launching(
+    causes: &mut Vec<Cause>,
+    host: &mut Vec<HostCause>,
+    baseline: &Profile,
+    now: &Profile,
+) {
+    if host.iter().any(|h| h.node == runqueue_node(Role::Main)) {
+        return;
+    }
+    let Some(at) = causes.iter().position(|c| c.op == DATA_LOADING_OP) else {
+        return;
+    };
+    let late: f64 = causes
+        .iter()
+        .filter(|c| c.dimension == Dimension::LaunchLatency)
+        .map(|c| c.delta_ns)
+        .sum();
+    let loading_host = host_causes(
+        Dimension::DataLoading,
+        causes[at].delta_ns + late,
+        baseline,
+        now,
+    );
+    if !loading_host.iter().any(|h| {
+        h.node == runqueue_node(Role::DataLoader) || h.node == runqueue_node(Role::PinMemory)
+    }) {
+        return;
+    }
+    let moved = causes
+        .iter()
+        .filter(|c| c.dimension == Dimension::LaunchLatency)
+        .count();
+    let mut loading = causes.remove(at);
+    causes.retain(|c| c.dimension != Dimension::LaunchLatency);
+    loading.detail = format!(
+        "{}; and {} of launch latency grown before {moved} operators, which the GPU waited for \
+         once the late batch had drained its queue",
+        loading.detail,
+        ms(late)
+    );
+    loading.delta_ns += late;
+    causes.push(loading);
+    rank(causes);
+    *host = loading_host;
 }
 
 /// Largest contribution first; ties by operator label, so the order never depends on input order.
@@ -1094,6 +1187,62 @@ mod tests {
             (DATA_LOADING_OP, Dimension::DataLoading)
         );
         assert_eq!(a.host[0].node, "host.runqueue.data_loader");
+        // The job's cgroup throttled: everyone waited; the launches take the idle up to the
+        // main threads' growth (2.4 of 2.8 ms), the data loading keeps the rest.
+        base.host.throttled_ns = 0;
+        late.host.throttled_ns = 5_000_000 * late.iterations;
+        let a = attribute(&base, &late).expect("a");
+        let top = a.causes[0].clone();
+        assert_eq!(
+            (top.op.as_str(), top.dimension),
+            (LAUNCHES_OP, Dimension::LaunchLatency)
+        );
+        assert!((top.delta_ns - 2_400_000.0).abs() < 1.0, "{top:?}");
+        let rest = a
+            .causes
+            .iter()
+            .find(|c| c.op == DATA_LOADING_OP)
+            .expect("the rest");
+        assert!((rest.delta_ns - 400_000.0).abs() < 1.0, "{rest:?}");
+        assert!(
+            a.host.iter().any(|h| h.node == "host.throttling"),
+            "{:?}",
+            a.host
+        );
+    }
+
+    /// A late batch drains the queue a CPU running ahead had built: the GPU then waits for
+    /// launches it did not wait for before; those launch latencies are the data loading's.
+    #[test]
+    fn launch_gaps_after_a_late_batch_are_the_data_loading() {
+        let mut base = profile(100, &three_ops(100_000), 1_000_000);
+        // The batch 2 ms later; then 1.5 ms of gaps before each operator.
+        let mut late = profile(100, &three_ops(1_600_000), 3_000_000);
+        set_runq(&mut base, Role::DataLoader, 100_000);
+        set_runq(&mut late, Role::DataLoader, 8_000_000);
+        let a = attribute(&base, &late).expect("a");
+        let top = a.causes[0].clone();
+        assert_eq!(
+            (top.op.as_str(), top.dimension),
+            (DATA_LOADING_OP, Dimension::DataLoading)
+        );
+        assert!((top.delta_ns - 6_500_000.0).abs() < 1.0, "{top:?}");
+        assert!(
+            a.causes
+                .iter()
+                .all(|c| c.dimension != Dimension::LaunchLatency),
+            "{a:?}"
+        );
+        assert_eq!(a.host[0].node, "host.runqueue.data_loader");
+        // Without the loaders' evidence the gaps stay the launches'.
+        set_runq(&mut late, Role::DataLoader, 100_000);
+        let a = attribute(&base, &late).expect("a");
+        assert_eq!(a.causes[0].dimension, Dimension::LaunchLatency, "{a:?}");
+        // Nor when the main threads waited longer too.
+        set_runq(&mut late, Role::DataLoader, 8_000_000);
+        set_runq(&mut late, Role::Main, 6_000_000);
+        let a = attribute(&base, &late).expect("a");
+        assert_eq!(a.causes[0].dimension, Dimension::LaunchLatency, "{a:?}");
     }
 
     #[test]
