@@ -59,18 +59,19 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
             .expect("tar");
         assert!(ok.success(), "cannot unpack {}", a.display());
     }
-    let spec = Config::from_file(
+    let config = Config::from_file(
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/faults/agent.toml"),
     )
-    .expect("the suite's config")
-    .slo;
+    .expect("the suite's config");
     let opts = replay::ReplayOptions {
-        spec: Some(spec),
+        spec: Some(config.slo.clone()),
         sidecars: true,
+        heal: Some(config.heal.healer_config()),
         ..Default::default()
     };
     let (mut n, mut faults, mut detected, mut top1, mut healthy_quiet, mut healthy) =
         (0, 0, 0, 0, 0, 0);
+    let (mut throttled, mut throttled_acted) = (0, 0);
     let mut problems = Vec::new();
     for answer in answers(&tmp) {
         let dir = answer.parent().expect("folder");
@@ -114,15 +115,27 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
             .slo
             .as_ref()
             .map_or(&[][..], |s| &s.violations[..]);
+        let actions = r.healer.as_ref().map_or(0, |h| h.actions);
+        let effect = a["effect"]["ratio"].as_f64().unwrap_or(0.0);
         if a["kind"] == "healthy" {
             healthy += 1;
             healthy_quiet += usize::from(violations.is_empty());
+            // The shadow healer acts on no healthy run whose steps kept their pace (one, B-12,
+            // slowed by 13% by itself).
+            if effect < 1.10 && actions > 0 {
+                problems.push(format!(
+                    "{name}: the shadow healer would have acted {actions} times on a healthy run"
+                ));
+            }
             continue;
+        }
+        if a["kind"] == "throttling" && effect >= 1.10 {
+            throttled += 1;
+            throttled_acted += usize::from(actions > 0);
         }
         let (Some(onset), Some(end)) = (a["onset_ns"].as_u64(), a["end_ns"].as_u64()) else {
             continue;
         };
-        let effect = a["effect"]["ratio"].as_f64().unwrap_or(0.0);
         if effect < 1.10 {
             continue; // the fault did not slow the job: nothing to detect
         }
@@ -152,7 +165,12 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
          top-1 operator {top1}/{detected}; healthy runs without a violation \
          {healthy_quiet}/{healthy}"
     );
+    eprintln!("shadow healer: acted on {throttled_acted} of {throttled} throttled runs");
     assert!(n >= 25, "only {n} fixtures found");
+    assert!(
+        throttled_acted * 2 >= throttled && throttled > 0,
+        "the shadow healer acted on {throttled_acted} of {throttled} throttled runs"
+    );
     // Floors at what main reaches today (the bars are 90% top-1 and every healthy run quiet):
     // an engine change that loses a fault or wakes a healthy run fails here.
     assert!(

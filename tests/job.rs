@@ -160,6 +160,7 @@ fn roles_of_a_real_multi_process_workload() {
         Duration::from_secs(10),
         config.tick(),
         &observe::Inject::default(),
+        None,
     )
     .expect("observe");
     assert!(obs.exit.is_some_and(|s| s.success()), "workload failed");

@@ -147,6 +147,8 @@ def evaluate(ans: Dict[str, Any], proc: Optional[Dict[str, Any]]) -> Dict[str, A
     slo = proc.get("slo") or {}
     viols = [v for v in (slo.get("violations") or []) if isinstance(v, dict)]
     r["violations_total"] = len(viols)
+    heal = proc.get("healer")
+    r["shadow_actions"] = heal.get("actions") if isinstance(heal, dict) else None
     if ans.get("kind") == "healthy":
         r["violations"] = [{"node": v.get("node"), "opened_ns": v.get("opened_ns"), "chain": v.get("chain")} for v in viols]
         return r
@@ -295,12 +297,15 @@ def report(rows: List[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
         out += [f"## Faults, {title}", ""] + lines + [""]
         healthy = [r for r in rows if r["answer"].get("kind") == "healthy" and variant in r["results"]]
         hv = [(r["name"], r["results"][variant].get("violations_total", 0)) for r in healthy]
+        sh = [(r["name"], r["results"][variant].get("shadow_actions")) for r in healthy]
+        sh = [(n, a) for n, a in sh if a is not None]
         iters = [r["results"][variant] for r in rows if variant in r["results"] and "iteration_error_pct" in r["results"][variant]]
         it_ok = sum(1 for y in iters if abs(y["iteration_error_pct"]) <= 1.0)
         util = [y.get("max_util_pct") for r in rows if variant in r["results"] for y in [r["results"][variant]] if y.get("max_util_pct") is not None]
         b = {
             "top1": bars["top1"], "detected": bars["detected"], "delay_le_5s": bars["delay_ok"], "sum_within_25pct": bars["sum_ok"],
             "healthy_without_violations": [sum(1 for _, v in hv if v == 0), len(hv)],
+            "healthy_without_shadow_actions": [sum(1 for _, a in sh if a == 0), len(sh)],
             "iterations_within_1pct": [it_ok, len(iters)],
             "max_util_pct": max(util) if util else None,
         }
@@ -308,9 +313,12 @@ def report(rows: List[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
         pct = lambda x: f"{100.0 * x[0] / x[1]:.0f}% ({x[0]}/{x[1]})" if x[1] else "-"  # noqa: E731
         out += [f"Bars ({title}): top-1 {pct(b['top1'])} (bar 90%); detected {pct(b['detected'])}; detection <= 5 s {pct(b['delay_le_5s'])}; "
                 f"sums within ±25% {pct(b['sum_within_25pct'])}; healthy fixtures without a violation {pct(b['healthy_without_violations'])} (bar 100%); "
+                f"healthy fixtures on which the shadow healer took no action {pct(b['healthy_without_shadow_actions'])} (bar 100%); "
                 f"iterations within 1% of the true steps {pct(b['iterations_within_1pct'])}; largest iteration utilisation {b['max_util_pct']}% (bar 100%)", ""]
         if hv:
-            out += [f"Healthy ({title}): " + ", ".join(f"{n}: {v} violation(s)" for n, v in hv), ""]
+            acts = dict(sh)
+            out += [f"Healthy ({title}): " + ", ".join(
+                f"{n}: {v} violation(s)" + (f", {acts[n]} shadow action(s)" if n in acts else "") for n, v in hv), ""]
     out += ["## Per fixture", "", "| fixture | kind | mode | effect | replay | detected | delay s | top cause | host cause | judged | sum ratio | iterations (true) | max util % |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -163,7 +163,13 @@ pub fn json(obs: &Observation, command: &str) -> serde_json::Value {
         .processes
         .iter()
         .filter(|p| obs.pids.contains(&p.pid))
-        .map(shim_json)
+        .map(|p| {
+            let mut j = shim_json(p);
+            if let (Some(h), Some(m)) = (obs.healers.get(&p.pid), j.as_object_mut()) {
+                m.insert("healer".into(), shadow_healer_json(h));
+            }
+            j
+        })
         .collect();
     let roles: serde_json::Map<String, serde_json::Value> = s
         .threads
@@ -194,5 +200,20 @@ pub fn json(obs: &Observation, command: &str) -> serde_json::Value {
         "pids": obs.pids.iter().collect::<Vec<_>>(),
         "roles": roles,
         "gpu": shims,
+    })
+}
+
+/// A shadow healer (`replay`, `observe`): how many actions it would have taken, and its audit
+/// events.
+pub fn shadow_healer_json(h: &crate::healer::shadow::Decided) -> serde_json::Value {
+    serde_json::json!({
+        "mode": "shadow",
+        "actions": h.actions,
+        "events": h.events.iter().map(|e| serde_json::json!({
+            "at_ns": e.at_ns,
+            "action": e.action,
+            "event": e.event.name(),
+            "detail": crate::healer::audit::body(e),
+        })).collect::<Vec<_>>(),
     })
 }

@@ -115,6 +115,11 @@ pub enum Cmd {
         /// nvml.jsonl): judge the GPU side only.
         #[arg(long)]
         no_sidecars: bool,
+        /// Run no shadow healer. By default one decides at every tick of a replay with host
+        /// samples, with the config's `[heal]` parameters, and the report lists what it would
+        /// have done (nothing is written: a replay has no host to act on).
+        #[arg(long)]
+        no_heal: bool,
     },
     /// Work on GPU recordings (the <pid>.bin files of shim.record_dir).
     Recording {
@@ -326,12 +331,14 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 ),
                 None => {}
             }
+            let heal = config.heal.healer_config();
             let obs = observe::run(
                 &mut collector,
                 &command,
                 Duration::from_secs_f64(duration),
                 config.tick(),
                 &inject,
+                Some(&heal),
             )?;
             print!("{}", report::report(&obs, &command.join(" "), top));
             if let Some(path) = json {
@@ -350,6 +357,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             window_ms,
             config,
             no_sidecars,
+            no_heal,
         } => {
             anyhow::ensure!(
                 window_ms.is_none_or(|w| (100..=3_600_000).contains(&w)),
@@ -369,16 +377,20 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     })?)
                 }
             };
-            let spec = match &config {
-                Some(p) => Some(Config::from_file(p)?.slo),
+            let config = match &config {
+                Some(p) => Some(Config::from_file(p)?),
                 None => None,
             };
+            let heal = config
+                .as_ref()
+                .map_or_else(|| Config::default().heal, |c| c.heal.clone());
             let opts = replay::ReplayOptions {
                 limits,
                 detect,
                 window_ms,
-                spec,
+                spec: config.map(|c| c.slo),
                 sidecars: !no_sidecars,
+                heal: (!no_heal).then(|| heal.healer_config()),
             };
             let mut out = Vec::new();
             for (i, f) in files.iter().enumerate() {
@@ -387,7 +399,11 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     println!();
                 }
                 print!("{}", replay::report(&r));
-                out.push(json::shim_json(&r.process));
+                let mut j = json::shim_json(&r.process);
+                if let (Some(h), Some(m)) = (&r.healer, j.as_object_mut()) {
+                    m.insert("healer".into(), json::shadow_healer_json(h));
+                }
+                out.push(j);
             }
             if let Some(path) = json {
                 let text = serde_json::to_string_pretty(&out)

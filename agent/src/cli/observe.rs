@@ -3,16 +3,20 @@
 //! out and for scripts.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     io::Write as _,
     os::{fd::FromRawFd, unix::process::CommandExt},
     process::{Child, Command, ExitStatus},
     time::{Duration, Instant},
 };
 
-use slo_probe_core::snapshot::Snapshot;
+use slo_probe_core::{healer::HealerConfig, snapshot::Snapshot};
 
-use crate::{collector::Collector, sources::ebpf::EbpfError};
+use crate::{
+    collector::Collector,
+    healer::shadow::{Decided, ShadowHealer},
+    sources::ebpf::EbpfError,
+};
 
 /// Errors of `observe`.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +45,8 @@ pub struct Observation {
     pub elapsed: Duration,
     /// The command's exit status, if it ended by itself.
     pub exit: Option<ExitStatus>,
+    /// What a shadow healer decided for each GPU process followed (`heal` given to [`run`]).
+    pub healers: BTreeMap<u32, Decided>,
 }
 
 fn stop_child(child: &mut Child) {
@@ -133,13 +139,26 @@ pub(crate) fn spawn_held(
 
 /// Runs `command`, ticks the collector until `duration` has passed or the command ended, and
 /// returns the final state. Progress goes to stderr once a second.
+/// Follows the command for `duration` (or until it ends), ticking `collector` every second;
+/// with `heal`, a shadow healer per GPU process decides at every tick (observe never acts).
 pub fn run(
     collector: &mut Collector,
     command: &[String],
     duration: Duration,
     tick: Duration,
     inject: &Inject,
+    heal: Option<&HealerConfig>,
 ) -> Result<Observation, ObserveError> {
+    let mut healers: BTreeMap<u32, ShadowHealer> = BTreeMap::new();
+    let mut decide = |s: &Snapshot| {
+        let Some(config) = heal else { return };
+        for p in &s.processes {
+            healers
+                .entry(p.pid)
+                .or_insert_with(|| ShadowHealer::new(p.pid, config.clone()))
+                .tick(p.clone(), s.taken_at_ns);
+        }
+    };
     let (mut child, mut release) = spawn_held(command, inject)?;
     let root = child.id();
     if let Err(e) = collector.add_root(root) {
@@ -165,6 +184,7 @@ pub fn run(
         if last_progress.elapsed() >= Duration::from_secs(1) {
             last_progress = Instant::now();
             let s = collector.tick();
+            decide(&s);
             if let Some(t) = &s.threads {
                 pids.extend(t.processes.iter().map(|p| p.pid));
             }
@@ -191,6 +211,7 @@ pub fn run(
     }
     collector.finish_gpu();
     let snapshot = collector.tick();
+    decide(&snapshot);
     collector.stop();
     if let Some(t) = &snapshot.threads {
         pids.extend(t.processes.iter().map(|p| p.pid));
@@ -204,6 +225,7 @@ pub fn run(
         pids,
         elapsed,
         exit,
+        healers: healers.iter().map(|(p, h)| (*p, h.decided())).collect(),
     })
 }
 

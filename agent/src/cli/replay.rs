@@ -79,6 +79,9 @@ pub struct Replayed {
     pub host_samples: usize,
     /// NVML samples replayed beside the records.
     pub gpu_samples: usize,
+    /// What a shadow healer decided over the replay ([`ReplayOptions::heal`]; `None`: none
+    /// ran).
+    pub healer: Option<crate::healer::shadow::Decided>,
 }
 
 /// How to replay.
@@ -95,6 +98,9 @@ pub struct ReplayOptions {
     pub spec: Option<SloSpec>,
     /// Read the host and NVML samples recorded beside it, when there are any.
     pub sidecars: bool,
+    /// Run a shadow healer with these decision parameters at every tick (replays with host
+    /// samples, which tick as the agent did).
+    pub heal: Option<slo_probe_core::healer::HealerConfig>,
 }
 
 /// What was recorded beside `path`: its host samples and NVML's, each in time order (empty
@@ -234,7 +240,21 @@ fn replay_live(
     } else {
         host
     };
-    pipeline::drive(&mut p, records, host, (!gpu.is_empty()).then_some(&history));
+    let mut shadow = opts
+        .heal
+        .clone()
+        .map(|c| crate::healer::shadow::ShadowHealer::new(pid, c));
+    pipeline::drive_ticks(
+        &mut p,
+        records,
+        host,
+        (!gpu.is_empty()).then_some(&history),
+        |p, at| {
+            if let Some(h) = shadow.as_mut() {
+                h.tick(p.snapshot(), at);
+            }
+        },
+    );
     let info = p.info_mut();
     info.records = count;
     info.decode_failed = u64::from(undecoded_bytes > 0);
@@ -247,6 +267,7 @@ fn replay_live(
         markers_ignored,
         host_samples,
         gpu_samples: gpu.len(),
+        healer: shadow.map(|h| h.decided()),
     })
 }
 
@@ -296,6 +317,7 @@ pub fn replay_bytes(
         markers_ignored,
         host_samples: 0,
         gpu_samples: 0,
+        healer: None,
     })
 }
 
@@ -486,6 +508,9 @@ pub fn report(r: &Replayed) -> String {
         );
     }
     super::report::iterations_report(&mut out, p);
+    if let Some(h) = &r.healer {
+        super::report::shadow_heal_report(&mut out, h);
+    }
     out
 }
 

@@ -253,6 +253,9 @@ pub fn report(obs: &Observation, command: &str, top: usize) -> String {
 
     for p in s.processes.iter().filter(|p| obs.pids.contains(&p.pid)) {
         gpu_report(&mut out, p);
+        if let Some(h) = obs.healers.get(&p.pid) {
+            shadow_heal_report(&mut out, h);
+        }
     }
     let ranks: Vec<RankView> = s
         .stragglers
@@ -645,6 +648,46 @@ fn nvml_during_iterations(out: &mut String, p: &ProcessSnapshot) {
         pct(median(&|g| g.tensor_util_percent)),
     );
 }
+
+/// A shadow healer's part of a report (`replay`, `observe`): its decisions, in seconds from
+/// its first tick.
+pub fn shadow_heal_report(out: &mut String, h: &crate::healer::shadow::Decided) {
+    let t0 = h.first_ns;
+    use slo_probe_core::healer::Event;
+    let decisions: Vec<_> = h
+        .events
+        .iter()
+        .filter(|e| !matches!(e.event, Event::Learning { .. }))
+        .collect();
+    let _ = writeln!(
+        out,
+        "  healer (shadow, deciding only; seconds from its first look): {} action{} it would \
+         have taken{}",
+        h.actions,
+        if h.actions == 1 { "" } else { "s" },
+        if decisions.is_empty() {
+            "; nothing to decide"
+        } else {
+            ""
+        }
+    );
+    for e in decisions.iter().take(MAX_HEAL_LINES) {
+        let at = t0.map_or(String::new(), |t| {
+            format!("{:+8.1} s  ", (e.at_ns as f64 - t as f64) / 1e9)
+        });
+        let _ = writeln!(out, "    {at}{}", crate::healer::audit::body(e));
+    }
+    if decisions.len() > MAX_HEAL_LINES {
+        let _ = writeln!(
+            out,
+            "    ... {} more (--json has them all)",
+            decisions.len() - MAX_HEAL_LINES
+        );
+    }
+}
+
+/// Healer events a text report lists.
+const MAX_HEAL_LINES: usize = 40;
 
 #[cfg(test)]
 mod tests {

@@ -24,6 +24,7 @@ pub mod journal;
 pub mod knobs;
 pub mod managers;
 pub mod observe;
+pub mod shadow;
 
 use std::{
     collections::{BTreeMap, BTreeSet},

@@ -231,51 +231,55 @@ fn target(s: &Snapshot, p: &ProcessSnapshot) -> JobTarget {
     }
 }
 
+/// What the healer sees of process `p` of snapshot `s`: its recent iterations, its SLO
+/// tree's values and its open violation with the cause. Pure (no `/proc`): `replay` runs a
+/// shadow healer on it.
+pub fn job_observation(s: &Snapshot, p: &ProcessSnapshot, extra: &HostExtra) -> JobObservation {
+    let from = p.iterations.len().saturating_sub(ITERATIONS);
+    let iterations: Vec<IterationSample> = p
+        .iterations
+        .iter()
+        .skip(from)
+        .map(|i| IterationSample {
+            end_ns: i.end_ns,
+            wall_ms: i.wall_ns() as f64 / 1e6,
+        })
+        .collect();
+    let slo = p.slo.as_deref();
+    let node = |name: &str| slo.and_then(|s| s.node(name));
+    let window_ns = slo.map_or(0, |s| s.window_ns);
+    let iterations_per_s = (window_ns > 0)
+        .then(|| {
+            let cut = s.taken_at_ns.saturating_sub(window_ns);
+            let n = p.iterations.iter().filter(|i| i.end_ns > cut).count();
+            n as f64 / (window_ns as f64 / 1e9)
+        })
+        .filter(|r| *r > 0.0);
+    JobObservation {
+        at_ns: s.taken_at_ns,
+        iteration_p99_ms: node("iteration").and_then(|n| n.value),
+        slo_p99_ms: node("iteration").and_then(|n| n.threshold.map(|t| t.0)),
+        iterations_per_s,
+        host_cpu_util: extra.host_cpu_util,
+        gpu_util: node("compute").and_then(|n| n.value).map(|v| v / 100.0),
+        sync_jitter_ms: node("communication").and_then(|n| n.value),
+        gpu_util_windows: node("compute").map_or(0, |n| n.windows),
+        sync_jitter_windows: node("communication").map_or(0, |n| n.windows),
+        nodes: slo.map(nodes).unwrap_or_default(),
+        violation: slo.and_then(violation),
+        iterations,
+        unavailable: BTreeMap::new(),
+    }
+}
+
 /// Every job of the snapshot.
 pub fn observe(s: &Snapshot, extra: &HostExtra) -> Vec<Observed> {
     s.processes
         .iter()
         .filter(|p| p.connected || !p.iterations.is_empty())
-        .map(|p| {
-            let from = p.iterations.len().saturating_sub(ITERATIONS);
-            let iterations: Vec<IterationSample> = p
-                .iterations
-                .iter()
-                .skip(from)
-                .map(|i| IterationSample {
-                    end_ns: i.end_ns,
-                    wall_ms: i.wall_ns() as f64 / 1e6,
-                })
-                .collect();
-            let slo = p.slo.as_deref();
-            let node = |name: &str| slo.and_then(|s| s.node(name));
-            let window_ns = slo.map_or(0, |s| s.window_ns);
-            let iterations_per_s = (window_ns > 0)
-                .then(|| {
-                    let cut = s.taken_at_ns.saturating_sub(window_ns);
-                    let n = p.iterations.iter().filter(|i| i.end_ns > cut).count();
-                    n as f64 / (window_ns as f64 / 1e9)
-                })
-                .filter(|r| *r > 0.0);
-            let obs = JobObservation {
-                at_ns: s.taken_at_ns,
-                iteration_p99_ms: node("iteration").and_then(|n| n.value),
-                slo_p99_ms: node("iteration").and_then(|n| n.threshold.map(|t| t.0)),
-                iterations_per_s,
-                host_cpu_util: extra.host_cpu_util,
-                gpu_util: node("compute").and_then(|n| n.value).map(|v| v / 100.0),
-                sync_jitter_ms: node("communication").and_then(|n| n.value),
-                gpu_util_windows: node("compute").map_or(0, |n| n.windows),
-                sync_jitter_windows: node("communication").map_or(0, |n| n.windows),
-                nodes: slo.map(nodes).unwrap_or_default(),
-                violation: slo.and_then(violation),
-                iterations,
-                unavailable: BTreeMap::new(),
-            };
-            Observed {
-                obs,
-                target: target(s, p),
-            }
+        .map(|p| Observed {
+            obs: job_observation(s, p, extra),
+            target: target(s, p),
         })
         .collect()
 }
