@@ -526,6 +526,11 @@ impl ProcessPipeline {
         }
     }
 
+    /// Whether the job's iterations have launched CUDA graphs.
+    pub fn graphs_seen(&self) -> bool {
+        self.graphs_seen
+    }
+
     /// Whether a node-level sample is being asked for now.
     pub fn node_sampling(&self) -> bool {
         self.node_sample.is_some()

@@ -817,6 +817,14 @@ fn drain_all(s: &mut State, sinks: &Sinks, flush: bool) {
         let floor = floors.get(&c.pid).copied().unwrap_or(DEPTH_TIMING);
         let want = engine.max(floor);
         let sampling = p.node_sampling();
+        log::debug!(
+            "pid {}: depth wanted {engine} (graphs seen {}, node sample {sampling}, the engine \
+             wants nodes {:?}, SLO view {})",
+            c.pid,
+            p.graphs_seen(),
+            p.engine().map(|e| e.wants_nodes()),
+            p.info_mut().slo.is_some()
+        );
         let h = c.ring.header();
         let info = p.info_mut();
         info.depth_wanted = want;
