@@ -40,7 +40,7 @@ use slo_probe_common::ThreadStats;
 use slo_probe_core::threads::RunqCounts;
 use slo_probe_tests::{
     agrees, online_cpus, pin_thread_to_cpu, root_or_skip, run_victim, run_victim_tid, Behaviour,
-    Hogs,
+    Hogs, VictimReport,
 };
 
 /// The tests pin threads to CPUs and measure delay: they must not run at the same time.
@@ -114,6 +114,20 @@ fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
+/// Prints what the probe and the kernel's schedstat measured for a victim.
+fn print_victim(what: &str, counts: &RunqCounts, report: &VictimReport) {
+    eprintln!(
+        "{what}: probe {:.2} ms in {} waits | schedstat {:.2} ms in {} slices | wall-cpu {:.2} ms \
+         of a {:.0} ms window",
+        ms(counts.total_ns),
+        counts.count,
+        ms(report.life.wait_ns),
+        report.life.slices,
+        ms(report.off_cpu_ns()),
+        ms(report.wall_ns)
+    );
+}
+
 #[test]
 fn contended_busy_thread_delay_matches_schedstat_and_off_cpu_time() {
     let Some(_serial) = serial_as_root("contended_busy_thread") else {
@@ -126,16 +140,7 @@ fn contended_busy_thread_delay_matches_schedstat_and_off_cpu_time() {
     let (stats, outliers) = probe_read(&mut probe, report.tid);
     let stats = stats.expect("probe has no entry for the victim");
     let counts = runq(&stats);
-    eprintln!(
-        "contended busy victim: probe {:.1} ms in {} waits | schedstat {:.1} ms in {} slices | \
-         wall-cpu {:.1} ms of a {:.0} ms window",
-        ms(counts.total_ns),
-        counts.count,
-        ms(report.life.wait_ns),
-        report.life.slices,
-        ms(report.off_cpu_ns()),
-        ms(report.wall_ns)
-    );
+    print_victim("contended busy victim", &counts, &report);
     // The contention really happened: two hogs take about two thirds of the CPU.
     assert!(
         report.off_cpu_ns() > report.wall_ns / 2,
@@ -247,15 +252,7 @@ fn migrated_thread_delay_matches_schedstat() {
         }
     });
     let counts = probe_counts(&mut probe, report.tid).expect("probe has no entry for the victim");
-    eprintln!(
-        "migrated busy victim: probe {:.1} ms in {} waits | schedstat {:.1} ms in {} slices | \
-         wall-cpu {:.1} ms",
-        ms(counts.total_ns),
-        counts.count,
-        ms(report.life.wait_ns),
-        report.life.slices,
-        ms(report.off_cpu_ns())
-    );
+    print_victim("migrated busy victim", &counts, &report);
     assert!(
         report.off_cpu_ns() > report.wall_ns / 4,
         "the victim was not contended: {report:?}"
@@ -337,15 +334,7 @@ fn uncontended_thread_shows_little_delay() {
         Hogs::start(2, 0)
     });
     let counts = probe_counts(&mut probe, report.tid).unwrap_or_default();
-    eprintln!(
-        "uncontended victim: probe {:.2} ms in {} waits | schedstat {:.2} ms in {} slices | \
-         wall-cpu {:.2} ms",
-        ms(counts.total_ns),
-        counts.count,
-        ms(report.life.wait_ns),
-        report.life.slices,
-        ms(report.off_cpu_ns())
-    );
+    print_victim("uncontended victim", &counts, &report);
     assert!(
         counts.total_ns < report.wall_ns / 20,
         "uncontended thread waited {} ns of {}",

@@ -24,7 +24,7 @@ use std::{
 use rustc_hash::FxHashMap;
 
 use crate::{
-    gputrace::{GraphComposition, Iteration, OpKind},
+    gputrace::{graph_id_of, GraphComposition, Iteration, OpKind},
     host::HostDelta,
     roles::Role,
 };
@@ -615,12 +615,11 @@ pub fn refine_graph_by_composition(
     let Some(top) = a.causes.first() else {
         return false;
     };
-    let graph_id = |op: &str| op.strip_prefix("graph#")?.parse::<u32>().ok();
     let launched = |p: &Profile, op: &str| p.ops.get(op).is_some_and(|o| o.count > 0);
     if !is_graph(top, baseline, now) || launched(baseline, &top.op) {
         return false;
     }
-    let Some(new) = graph_id(&top.op).and_then(|id| composition.get(&id)) else {
+    let Some(new) = graph_id_of(&top.op).and_then(|id| composition.get(&id)) else {
         return false;
     };
     let distance = |old: &BTreeMap<String, u32>| -> u64 {
@@ -645,7 +644,7 @@ pub fn refine_graph_by_composition(
             o.kind == OpKind::Graph && o.count > 0 && rate(now, &op.0) < 0.9 * rate(baseline, &op.0)
         })
         .filter_map(|(op, _)| {
-            let id = graph_id(&op.0)?;
+            let id = graph_id_of(&op.0)?;
             Some((id, composition.get(&id)?))
         })
         .min_by_key(|(id, old)| (distance(old), *id));

@@ -460,6 +460,11 @@ fn itanium_nested_name(name: &str) -> Option<String> {
     last
 }
 
+/// The graph id of a label of a graph traced at graph level (`graph#<id>`).
+pub fn graph_id_of(label: &str) -> Option<u32> {
+    label.strip_prefix("graph#")?.parse().ok()
+}
+
 /// Nodes of each CUDA graph (by graph id) per label of the operator that captured them
 /// ([`TraceAssembler::graph_composition`]).
 pub type GraphComposition = BTreeMap<u32, BTreeMap<String, u32>>;

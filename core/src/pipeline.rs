@@ -490,8 +490,7 @@ impl ProcessPipeline {
             let nodes = open
                 .and_then(|v| v.attribution.as_ref())
                 .and_then(|a| a.top())
-                .and_then(|c| c.op.strip_prefix("graph#"))
-                .and_then(|id| id.parse::<u32>().ok())
+                .and_then(|c| crate::gputrace::graph_id_of(&c.op))
                 .is_some_and(|id| !self.view.graph_ops.contains_key(&id));
             if nodes {
                 want = want.max(DEPTH_NODES);

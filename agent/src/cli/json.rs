@@ -4,6 +4,7 @@
 use slo_probe_core::snapshot::ProcessSnapshot;
 
 use super::observe::Observation;
+use crate::healer::shadow::Decided;
 
 /// One process's shim counters and iterations as JSON.
 pub fn shim_json(p: &ProcessSnapshot) -> serde_json::Value {
@@ -163,13 +164,7 @@ pub fn json(obs: &Observation, command: &str) -> serde_json::Value {
         .processes
         .iter()
         .filter(|p| obs.pids.contains(&p.pid))
-        .map(|p| {
-            let mut j = shim_json(p);
-            if let (Some(h), Some(m)) = (obs.healers.get(&p.pid), j.as_object_mut()) {
-                m.insert("healer".into(), shadow_healer_json(h));
-            }
-            j
-        })
+        .map(|p| process_json(p, obs.healers.get(&p.pid)))
         .collect();
     let roles: serde_json::Map<String, serde_json::Value> = s
         .threads
@@ -203,9 +198,19 @@ pub fn json(obs: &Observation, command: &str) -> serde_json::Value {
     })
 }
 
+/// A process as [`shim_json`] has it, with what its shadow healer decided (`"healer"`) when
+/// one ran.
+pub fn process_json(p: &ProcessSnapshot, healer: Option<&Decided>) -> serde_json::Value {
+    let mut j = shim_json(p);
+    if let (Some(h), Some(m)) = (healer, j.as_object_mut()) {
+        m.insert("healer".into(), shadow_healer_json(h));
+    }
+    j
+}
+
 /// A shadow healer (`replay`, `observe`): how many actions it would have taken, and its audit
 /// events.
-pub fn shadow_healer_json(h: &crate::healer::shadow::Decided) -> serde_json::Value {
+fn shadow_healer_json(h: &Decided) -> serde_json::Value {
     serde_json::json!({
         "mode": "shadow",
         "actions": h.actions,

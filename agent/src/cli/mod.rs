@@ -399,11 +399,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     println!();
                 }
                 print!("{}", replay::report(&r));
-                let mut j = json::shim_json(&r.process);
-                if let (Some(h), Some(m)) = (&r.healer, j.as_object_mut()) {
-                    m.insert("healer".into(), json::shadow_healer_json(h));
-                }
-                out.push(j);
+                out.push(json::process_json(&r.process, r.healer.as_ref()));
             }
             if let Some(path) = json {
                 let text = serde_json::to_string_pretty(&out)

@@ -577,9 +577,7 @@ pub fn iterations_report(out: &mut String, p: &ProcessSnapshot) {
         let occ = o.occupancy.map_or(String::new(), |occ| {
             format!(", theoretical occupancy {:.0}%", 100.0 * occ)
         });
-        let runs = op
-            .strip_prefix("graph#")
-            .and_then(|id| id.parse::<u32>().ok())
+        let runs = slo_probe_core::gputrace::graph_id_of(op)
             .and_then(|id| p.graph_ops.get(&id))
             .map(|ops| {
                 let list: Vec<String> = ops
