@@ -8,9 +8,10 @@
 //! Asserted (what holds today): every recording replays; with step markers, iterations within
 //! 1% of the job's true steps; no traced iteration busier than its period on the GPU; every
 //! fault with a measured effect (step time ≥ 1.10× before) opens a violation between its onset
-//! and 6 s after its end. Printed, not asserted (the attribution does not meet the issue's
-//! bars yet: see bench/results/faults-h200.md): the top-1 cause against the expected operator
-//! and dimension, and violations on healthy runs.
+//! and 6 s after its end; floors at what main reaches for the top-1 operator and for quiet
+//! healthy runs, with markers and without them (replayed again with the markers ignored, as a
+//! job that sends none: iterations within 1% in at least 45 of the 49 recordings). The bars
+//! (see bench/results/faults-h200.md) are not all met yet.
 
 use std::{path::Path, process::Command};
 
@@ -159,7 +160,56 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
             )),
         }
     }
+    // Without step markers (iterations detected, as for a job that sends none).
+    let detect = replay::ReplayOptions {
+        detect: true,
+        ..opts.clone()
+    };
+    let (mut within, mut detect_top1, mut detect_quiet) = (0, 0, 0);
+    for answer in answers(&tmp) {
+        let dir = answer.parent().expect("folder");
+        let a: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&answer).expect("answer")).expect("json");
+        let Some(bin) = std::fs::read_dir(dir)
+            .expect("fixture")
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|x| x == "bin"))
+        else {
+            continue;
+        };
+        let r = replay::replay_with(&bin, &detect).unwrap_or_else(|e| panic!("{e}"));
+        let truth = a["fixture"]["true_steps"].as_u64().unwrap_or(0);
+        let got = r.process.iterations.len() as u64;
+        within += usize::from(truth > 0 && got.abs_diff(truth) * 100 <= truth);
+        let violations = r
+            .process
+            .slo
+            .as_ref()
+            .map_or(&[][..], |s| &s.violations[..]);
+        if a["kind"] == "healthy" {
+            detect_quiet += usize::from(violations.is_empty());
+            continue;
+        }
+        let (Some(onset), Some(end)) = (a["onset_ns"].as_u64(), a["end_ns"].as_u64()) else {
+            continue;
+        };
+        if a["effect"]["ratio"].as_f64().unwrap_or(0.0) < 1.10 {
+            continue;
+        }
+        let want = a["expect"]["op"].as_str().unwrap_or("");
+        let top = violations
+            .iter()
+            .filter(|v| (onset..=end + 6_000_000_000).contains(&v.opened_ns))
+            .min_by_key(|v| v.opened_ns)
+            .and_then(|v| v.attribution.as_ref()?.top().map(|c| c.op.to_string()));
+        detect_top1 += usize::from(!want.is_empty() && top.as_deref() == Some(want));
+    }
     let _ = std::fs::remove_dir_all(&tmp);
+    eprintln!(
+        "without markers: iterations within 1% of the true steps in {within}/{n}; top-1 \
+         operator {detect_top1}/{faults}; healthy runs without a violation {detect_quiet}/{healthy}"
+    );
     eprintln!(
         "fault suite: {n} recordings; {detected}/{faults} faults with an effect detected; \
          top-1 operator {top1}/{detected}; healthy runs without a violation \
@@ -181,5 +231,18 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
         healthy_quiet >= 9,
         "healthy runs without a violation {healthy_quiet}/{healthy} fell below the committed 9"
     );
+    // Floors without markers too (the bars: iterations within 1% everywhere, 90% top-1).
+    assert!(
+        within >= 45,
+        "without markers, iterations within 1% in {within}/{n} (the committed floor is 45)"
+    );
+    assert!(
+        detect_top1 >= DETECT_TOP1_FLOOR && detect_quiet >= 10,
+        "without markers, top-1 {detect_top1} and healthy quiet {detect_quiet} fell below \
+         the committed {DETECT_TOP1_FLOOR} and 10"
+    );
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+/// Top-1 without markers at what main reaches (the test's strict count: the operator exactly).
+const DETECT_TOP1_FLOOR: usize = 21;

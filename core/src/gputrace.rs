@@ -4,8 +4,11 @@
 //! gap before the first kernel (data loading / host wait), and time per operator.
 //!
 //! Iteration boundaries come from step markers (`slo_probe.step()`) when the script sends them;
-//! otherwise they are detected: each launch of the CUDA graph replayed most often starts an
-//! iteration, or, without graphs, the period of the kernel-name sequence.
+//! otherwise they are detected: from the period of the copies, fills and graph launches, which
+//! are traced at every depth ([`cycle`]); failing that, each launch of the CUDA graph replayed
+//! most often starts an iteration, or, without graphs, the period of the kernel-name sequence.
+
+mod cycle;
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -674,6 +677,8 @@ pub struct TraceAssembler {
     /// Scratch of `summarise`: communication and compute intervals.
     comm_iv: Vec<(u64, u64)>,
     compute_iv: Vec<(u64, u64)>,
+    /// Iteration boundaries from the tokens traced at every depth.
+    cycle: cycle::CycleDetector,
     /// The period of the kernel sequence last detected, and how many kernels were pending
     /// when detection last failed.
     period: Option<usize>,
@@ -1104,7 +1109,7 @@ impl TraceAssembler {
         if self.marked {
             self.take_marked(now_ns, settle_ns, flush)
         } else {
-            self.take_detected(flush)
+            self.take_detected(now_ns, settle_ns, flush)
         }
     }
 
@@ -1306,7 +1311,7 @@ impl TraceAssembler {
     /// failed one, as a search compares up to [`PERIOD_WINDOW`]² / 3 pairs).
     fn kernel_period(&mut self, names: &[u32]) -> Option<usize> {
         if let Some(p) = self.period {
-            if period_score(tail(names), p) >= PERIOD_MATCH {
+            if cycle::period_score(tail(names), p) >= cycle::PERIOD_MATCH {
                 return Some(p);
             }
             self.period = None;
@@ -1344,11 +1349,50 @@ impl TraceAssembler {
             .collect()
     }
 
-    fn take_detected(&mut self, flush: bool) -> Vec<Iteration> {
+    fn take_detected(&mut self, now_ns: u64, settle_ns: u64, flush: bool) -> Vec<Iteration> {
         self.sort_pending();
+        let horizon = if flush {
+            u64::MAX
+        } else {
+            now_ns.saturating_sub(settle_ns)
+        };
+        let boundaries = match self.cycle.boundaries(&self.pending, horizon) {
+            cycle::Found::Boundaries(b) => b,
+            cycle::Found::Wait if !flush => return Vec::new(),
+            cycle::Found::Wait | cycle::Found::Nothing => {
+                let mut b = self.graph_or_kernel_boundaries();
+                b.retain(|&t| t <= horizon);
+                b
+            }
+        };
+        let windows: Vec<(u64, u64, u64)> = boundaries
+            .windows(2)
+            .enumerate()
+            .map(|(k, w)| (self.next_detected + k as u64, w[0], w[1]))
+            .collect();
+        self.next_detected += windows.len() as u64;
+        let cut = windows.last().map(|w| w.2);
+        if let Some(cut) = cut {
+            self.cycle.retire(&self.pending, cut);
+        }
+        let out = self.cut(&windows, false, false);
+        if flush {
+            self.pending.clear();
+            self.pending_sorted = 0;
+        } else if let Some(cut) = cut {
+            let before = self.pending.partition_point(|a| a.anchor_ns() < cut);
+            self.pending.drain(..before);
+            self.pending_sorted = self.pending_sorted.saturating_sub(before);
+        }
+        out
+    }
+
+    /// Boundaries where the copies, fills and graph launches give none: each launch of the
+    /// graph launched most often, else the period of the kernel sequence.
+    fn graph_or_kernel_boundaries(&mut self) -> Vec<u64> {
         // The graph launched most often; among equals the one created first (lowest id), so
         // that the choice does not depend on hash order.
-        let boundaries: Vec<u64> = match self
+        match self
             .graph_counts
             .iter()
             .max_by_key(|(g, n)| (**n, std::cmp::Reverse(**g)))
@@ -1424,24 +1468,7 @@ impl TraceAssembler {
                     None => Vec::new(),
                 }
             }
-        };
-        let windows: Vec<(u64, u64, u64)> = boundaries
-            .windows(2)
-            .enumerate()
-            .map(|(k, w)| (self.next_detected + k as u64, w[0], w[1]))
-            .collect();
-        self.next_detected += windows.len() as u64;
-        let cut = windows.last().map(|w| w.2);
-        let out = self.cut(&windows, false, false);
-        if flush {
-            self.pending.clear();
-            self.pending_sorted = 0;
-        } else if let Some(cut) = cut {
-            let before = self.pending.partition_point(|a| a.anchor_ns() < cut);
-            self.pending.drain(..before);
-            self.pending_sorted = self.pending_sorted.saturating_sub(before);
         }
-        out
     }
 
     /// Summarises the pending activities in `range` as one iteration from `b` to `e`;
@@ -2235,33 +2262,15 @@ fn fold_small_ops(ops: &mut Vec<OpTime>) {
 /// Kernels looked at to find the period of a job's kernel sequence (bounds the cost).
 const PERIOD_WINDOW: usize = 8192;
 
-/// The share of positions `i` with `seq[i] == seq[i + p]` a period needs.
-const PERIOD_MATCH: f64 = 0.8;
-
 fn tail(seq: &[u32]) -> &[u32] {
     &seq[seq.len().saturating_sub(PERIOD_WINDOW)..]
 }
 
-fn period_score(seq: &[u32], p: usize) -> f64 {
-    let n = seq.len();
-    if p == 0 || n <= p {
-        return 0.0;
-    }
-    (0..n - p).filter(|&i| seq[i] == seq[i + p]).count() as f64 / (n - p) as f64
-}
-
-/// The period `p` (2 ≤ p ≤ len/3) for which `seq[i] == seq[i + p]` holds most often over the
-/// last [`PERIOD_WINDOW`] elements, if it holds for at least 80% of them (kernels launched by
-/// two threads, e.g. the autograd engine's, interleave a little differently every step: 90%
-/// was measured on a PyTorch job). The recent window skips start-up steps, which launch one-off
-/// kernels.
+/// The period `p` (2 ≤ p ≤ len/3) of the kernel-name sequence over its last
+/// [`PERIOD_WINDOW`] elements (see [`cycle::detect_period`]); the recent window skips start-up
+/// steps, which launch one-off kernels.
 pub fn detect_period(seq: &[u32]) -> Option<usize> {
-    let seq = tail(seq);
-    let n = seq.len();
-    let (p, best) = (2..=n / 3)
-        .map(|p| (p, period_score(seq, p)))
-        .fold((0, 0.0), |acc, x| if x.1 > acc.1 { x } else { acc });
-    (best >= PERIOD_MATCH).then_some(p)
+    cycle::detect_period(tail(seq), 2)
 }
 
 /// Total length of the time covered by both interval sets (each sorted and merged here).
@@ -2746,7 +2755,7 @@ mod tests {
                 t.push(&AnyRecord::GpuKernel(kernel(ts + 10, 50, ts, name, 0)));
             }
         }
-        let it = t.take_iterations(0, 0, false);
+        let it = t.take_iterations(ts + 1_000, 0, false);
         assert_eq!(it.len(), 9, "{it:?}");
         assert!(it
             .iter()

@@ -91,7 +91,7 @@ pub struct PipelineSettings {
     pub keep_iterations: Option<usize>,
     /// The GPU's per-SM limits, for theoretical occupancy.
     pub limits: Option<SmLimits>,
-    /// Leave step markers out and detect iterations from the kernel sequence.
+    /// Leave step markers out and detect iterations (as for a job that sends none).
     pub ignore_markers: bool,
 }
 

@@ -155,7 +155,7 @@ pub enum IterationSource {
     None,
     /// Step markers of the python client.
     Markers,
-    /// Detected from repeated graph launches or kernel sequences.
+    /// Detected from the period of copies, fills and graph launches (or of the kernels).
     Detected,
     /// A source this client does not know.
     #[default]

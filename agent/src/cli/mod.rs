@@ -98,7 +98,8 @@ pub enum Cmd {
         /// theoretical occupancy; without it occupancy is not computed.
         #[arg(long, value_name = "MAJOR.MINOR")]
         compute_capability: Option<String>,
-        /// Ignore the step markers and detect iterations from the kernel sequence.
+        /// Ignore the step markers and detect iterations as a job without them gets them: from the
+        /// period of its copies, fills and graph launches (else of its kernels)
         #[arg(long)]
         detect: bool,
         /// Also write the replayed processes as JSON to this file.

@@ -89,7 +89,7 @@ pub struct Replayed {
 pub struct ReplayOptions {
     /// The GPU's per-SM limits, for theoretical occupancy.
     pub limits: Option<SmLimits>,
-    /// Leave step markers out and detect iterations from the kernel sequence.
+    /// Leave step markers out and detect iterations (see `TraceAssembler::take_iterations`).
     pub detect: bool,
     /// SLO window length in ms (see [`Windows::FitToRecording`]); ignored with `spec`.
     pub window_ms: Option<u64>,
@@ -136,7 +136,7 @@ fn read_lines<T: serde::de::DeserializeOwned>(path: &Path, bad: &mut usize) -> V
 }
 
 /// Replays `path`. `limits`: the GPU's per-SM limits, for theoretical occupancy. With `detect`,
-/// step markers are left out and iterations are detected from the kernel sequence.
+/// step markers are left out and iterations are detected.
 /// `window_ms`: the SLO windows (see [`slo_probe_core::pipeline::Windows::FitToRecording`]).
 pub fn replay(
     path: &Path,
@@ -486,7 +486,7 @@ pub fn report(r: &Replayed) -> String {
         p.seen[3],
         p.seen[5] / 2 + r.markers_ignored / 2,
         if r.markers_ignored > 0 {
-            ", ignored: iterations detected from the kernel sequence"
+            ", ignored: iterations detected"
         } else {
             ""
         },

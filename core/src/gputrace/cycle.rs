@@ -1,0 +1,468 @@
+//! Iteration boundaries without step markers, from the activities the shim traces at every
+//! depth: copies, fills and CUDA-graph launches.
+//!
+//! Kernels are traced only in sample windows at the shim's always-on depth, so their sequence
+//! is no clock for a whole run (on the H200 suite, iterations detected from kernels alone were
+//! within 1% of the job's true steps in 8 of 49 recordings). Copies and fills are traced at
+//! every depth, and a training step repeats them: the batch copied host to device, the
+//! optimizer's and the loss's small fills, a read-back; under CUDA graphs, the replays. Each
+//! becomes a token (its kind, copy direction and size, or its graph), and the token sequence's
+//! period is found as the kernels' is ([`detect_period`]). One short run of tokens that occurs
+//! once per period — the *anchor*, starting at the batch's host-to-device copy where there is
+//! one — then marks every iteration: its occurrences are the boundaries. An anchor is not
+//! thrown off by a token added or missing elsewhere in a step (a stray read-back, a dropped
+//! record), nor by a graph recaptured mid-run when the anchor is the batch copy; when it stops
+//! occurring, the period is searched again.
+//!
+//! A sequence that is one token repeated (one copy per step and nothing else) cannot tell one
+//! step from two: it is refused, and the kernels' period is used instead.
+
+use std::collections::VecDeque;
+
+use slo_probe_common::gpu::MEM_KIND_MEMSET;
+
+use super::{Activity, ActivityKind};
+
+/// Tokens a period is searched over at most (a search compares up to its square / 3 pairs).
+const SEARCH_TOKENS: usize = 2048;
+
+/// Tokens kept from activities already cut into iterations, for the next search.
+const HISTORY_TOKENS: usize = SEARCH_TOKENS;
+
+/// The share of positions `i` with `seq[i] == seq[i + p]` a period needs.
+pub(super) const PERIOD_MATCH: f64 = 0.8;
+
+/// A period scoring within this of the best one is preferred when it is shorter: a sequence
+/// with period `p` also has `2p`, `3p`, ..., and noise can make a multiple score a little
+/// higher (which halves the iterations counted).
+const SHORTER_WITHIN: f64 = 0.05;
+
+/// `CUpti_ActivityMemcpyKind` HtoD: a batch on its way to the GPU.
+const MEM_KIND_HTOD: u32 = 1;
+
+/// What a search needs before it starts: this many periods of at least two tokens.
+const MIN_PERIODS: usize = 3;
+
+/// The last periods of a search's window that its phases are read over.
+const RECENT_PERIODS: usize = 16;
+
+/// A lock is lost when this many periods of tokens go by without its anchor.
+const LOST_AFTER_PERIODS: usize = 3;
+
+/// The token an activity contributes, if it is one of those traced at every depth: a copy or
+/// fill outside a graph (by direction and size), or a graph launch (by graph; a launch traced
+/// at node level counts once, at its first node).
+fn token(a: &Activity, last_node_launch: &mut (u32, u32)) -> Option<u64> {
+    const MEMORY: u64 = 1 << 62;
+    const GRAPH: u64 = 2 << 62;
+    match a.kind {
+        ActivityKind::Memory if a.graph_id == 0 => {
+            let kind = u64::from(a.mem_kind.min(MEM_KIND_MEMSET)) << 48;
+            Some(MEMORY | kind | (a.bytes & ((1 << 48) - 1)))
+        }
+        ActivityKind::Graph => Some(GRAPH | u64::from(a.graph_id)),
+        ActivityKind::GraphKernel => {
+            let launch = (a.graph_id, a.correlation_id);
+            (std::mem::replace(last_node_launch, launch) != launch)
+                .then_some(GRAPH | u64::from(a.graph_id))
+        }
+        _ => None,
+    }
+}
+
+/// The tokens of `acts` with their anchors, in the order the GPU started them: copies and fills
+/// on a stream start in the order they were launched, while the launch times the assembler
+/// places activities by are estimates for those launched without a stamp (on the H200, every
+/// copy of a launch-bound job: placed by the kernels' stamps around them, some a step away).
+fn tokens<'a>(acts: impl Iterator<Item = &'a Activity>) -> Vec<(u64, u64)> {
+    let mut last = (0, 0);
+    let mut v: Vec<(u64, u64, u64)> = acts
+        .filter_map(|a| token(a, &mut last).map(|t| (a.start_ns, t, a.anchor_ns())))
+        .collect();
+    v.sort_by_key(|t| t.0);
+    v.into_iter().map(|(_, t, anchor)| (t, anchor)).collect()
+}
+
+fn is_htod(t: u64) -> bool {
+    t >> 62 == 1 && (t >> 48) & 0x3fff == u64::from(MEM_KIND_HTOD)
+}
+
+/// The share of positions where `seq` repeats itself `p` later.
+pub(super) fn period_score<T: PartialEq>(seq: &[T], p: usize) -> f64 {
+    let n = seq.len();
+    if p == 0 || n <= p {
+        return 0.0;
+    }
+    (0..n - p).filter(|&i| seq[i] == seq[i + p]).count() as f64 / (n - p) as f64
+}
+
+/// The period `p` (`min_p` ≤ p ≤ len/3) for which `seq[i] == seq[i + p]` holds most often, if
+/// it holds for at least [`PERIOD_MATCH`] of the positions (kernels launched by two threads,
+/// e.g. the autograd engine's, interleave a little differently every step: 90% was measured on
+/// a PyTorch job); the shortest period within [`SHORTER_WITHIN`] of the best wins.
+pub fn detect_period<T: PartialEq>(seq: &[T], min_p: usize) -> Option<usize> {
+    let n = seq.len();
+    let scores: Vec<(usize, f64)> = (min_p.max(1)..=n / 3)
+        .map(|p| (p, period_score(seq, p)))
+        .collect();
+    let best = scores.iter().map(|s| s.1).fold(0.0, f64::max);
+    if best < PERIOD_MATCH {
+        return None;
+    }
+    scores
+        .iter()
+        .find(|s| s.1 >= best - SHORTER_WITHIN)
+        .map(|s| s.0)
+}
+
+/// A period found, and the run of tokens that starts each iteration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Lock {
+    period: usize,
+    anchor: Vec<u64>,
+}
+
+/// Finds iteration boundaries in the always-traced activities (see the module docs).
+/// What [`CycleDetector::boundaries`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Found {
+    /// Boundaries (anchor times, ascending).
+    Boundaries(Vec<u64>),
+    /// Not enough tokens yet to tell whether they have a period: no iterations for now.
+    Wait,
+    /// No period (or none that tells iterations apart): look elsewhere.
+    Nothing,
+}
+
+/// Finds iteration boundaries in the always-traced activities (see the module docs).
+#[derive(Default)]
+pub(super) struct CycleDetector {
+    /// Tokens (and their anchors) of the activities already cut, oldest first.
+    history: VecDeque<(u64, u64)>,
+    lock: Option<Lock>,
+    /// Tokens seen (history and pending) when a search last failed: the next waits for half as
+    /// many more (at least 6, at most a quarter of a search's worth), so that a job's first
+    /// periods are found soon and a sequence without one costs little.
+    failed_at: Option<usize>,
+    /// Tokens pushed into the history, in all.
+    retired: usize,
+    /// The anchor of the first token seen.
+    first_ns: Option<u64>,
+}
+
+/// Tokens a search may wait for before the first one is given up (at most [`WAIT_NS`]): a
+/// period of up to 85 tokens shows three times in them (the convnet of the H200 suite has 36
+/// a step, the GPT 70).
+const WAIT_TOKENS: usize = 256;
+
+/// Tokens a search needs while it may wait: a few periods of a short run of fills inside a
+/// step repeat as well as whole steps do.
+const MIN_SEARCH_TOKENS: usize = 128;
+
+/// How long after the first token a search may wait for [`WAIT_TOKENS`], ns.
+const WAIT_NS: u64 = 5_000_000_000;
+
+impl CycleDetector {
+    /// The boundaries among `pending` (sorted by anchor) at or before `horizon`.
+    pub(super) fn boundaries(&mut self, pending: &[Activity], horizon: u64) -> Found {
+        let toks = tokens(pending.iter().filter(|a| a.anchor_ns() <= horizon));
+        if let Some(lock) = &self.lock {
+            let b = occurrences(&lock.anchor, &toks);
+            let since = b.last().map_or(toks.len(), |&(i, _)| toks.len() - i);
+            if since <= LOST_AFTER_PERIODS * lock.period {
+                return Found::Boundaries(ascending(&b));
+            }
+            self.lock = None;
+        }
+        let seen = self.retired + toks.len();
+        let Some(first) = self
+            .first_ns
+            .or_else(|| self.history.front().or(toks.first()).map(|t| t.1))
+        else {
+            return Found::Nothing;
+        };
+        self.first_ns = Some(first);
+        let early = seen < WAIT_TOKENS && horizon.saturating_sub(first) < WAIT_NS;
+        let retry = |f: usize| f + (f / 2).clamp(MIN_PERIODS * 2, SEARCH_TOKENS / 4);
+        if self.failed_at.is_some_and(|f| seen < retry(f)) {
+            return if early { Found::Wait } else { Found::Nothing };
+        }
+        let window: Vec<(u64, u64)> = self
+            .history
+            .iter()
+            .copied()
+            .chain(toks.iter().copied())
+            .collect();
+        if early && window.len() < MIN_SEARCH_TOKENS {
+            return Found::Wait;
+        }
+        self.lock = search(&window[window.len().saturating_sub(SEARCH_TOKENS)..]);
+        match &self.lock {
+            Some(lock) => {
+                self.failed_at = None;
+                Found::Boundaries(ascending(&occurrences(&lock.anchor, &toks)))
+            }
+            None => {
+                self.failed_at = Some(seen);
+                if early {
+                    Found::Wait
+                } else {
+                    Found::Nothing
+                }
+            }
+        }
+    }
+
+    /// Keeps the tokens of activities cut into iterations (the first of `pending`, up to but
+    /// not including anchor `cut`) for the next search.
+    pub(super) fn retire(&mut self, pending: &[Activity], cut: u64) {
+        for t in tokens(pending.iter().take_while(|a| a.anchor_ns() < cut)) {
+            if self.history.len() >= HISTORY_TOKENS {
+                self.history.pop_front();
+            }
+            self.history.push_back(t);
+            self.retired += 1;
+        }
+    }
+}
+
+/// The anchor times of `occurrences`, each later than the one before (an estimated launch can
+/// place a copy before the one the GPU ran ahead of it: it then marks no boundary).
+fn ascending(occurrences: &[(usize, u64)]) -> Vec<u64> {
+    let mut out: Vec<u64> = Vec::with_capacity(occurrences.len());
+    for &(_, t) in occurrences {
+        if out.last().is_none_or(|&l| t > l) {
+            out.push(t);
+        }
+    }
+    out
+}
+
+/// Where `anchor` occurs in `toks` (not overlapping): the index of its first token and the
+/// earliest anchor time of its tokens (estimated launches need not follow the GPU's order, and
+/// a cut there keeps the whole run for the next take).
+fn occurrences(anchor: &[u64], toks: &[(u64, u64)]) -> Vec<(usize, u64)> {
+    let mut out = Vec::new();
+    let k = anchor.len();
+    let mut i = 0;
+    while k > 0 && i + k <= toks.len() {
+        let run = &toks[i..i + k];
+        if run.iter().map(|t| t.0).eq(anchor.iter().copied()) {
+            out.push((i, toks[i].1));
+            i += k;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+/// A period of the tokens in `window` and the anchor of its iterations: the shortest run of
+/// tokens, from the phase where an iteration starts, that occurs about once per period. The
+/// phase is the host-to-device copy after the longest host gap (the step fetching its batch),
+/// or, without such copies, whatever token follows the longest gap.
+fn search(window: &[(u64, u64)]) -> Option<Lock> {
+    let seq: Vec<u64> = window.iter().map(|t| t.0).collect();
+    let p = detect_period(&seq, 1)?;
+    if seq.len() < MIN_PERIODS * p.max(2) || seq[..p].iter().all(|&t| t == seq[0]) {
+        return None;
+    }
+    // The phases are read over the last periods of the window (a token missing earlier would
+    // shift them): the mean gap before each.
+    let recent = (seq.len() / p).min(RECENT_PERIODS);
+    let base = seq.len() - recent * p;
+    let gap = |i: usize| window[i].1.saturating_sub(window[i - 1].1);
+    let mean_gap = |r: usize| {
+        let (sum, n) = (base + r..seq.len())
+            .step_by(p)
+            .filter(|&i| i > 0)
+            .fold((0u64, 0u64), |(s, n), i| (s.saturating_add(gap(i)), n + 1));
+        sum / n.max(1)
+    };
+    let htod: Vec<usize> = (0..p).filter(|&r| is_htod(seq[base + r])).collect();
+    let phases: Vec<usize> = if htod.is_empty() {
+        (0..p).collect()
+    } else {
+        htod
+    };
+    let phase = phases
+        .iter()
+        .copied()
+        .max_by_key(|&r| (mean_gap(r), std::cmp::Reverse(r)))?;
+    // The anchor starts at the phase in the last period but one (room for a whole period).
+    let start = base + phase + p * (recent - 2);
+    let expected = seq.len() as f64 / p as f64;
+    (1..=p)
+        .map(|k| seq.get(start..start + k))
+        .take_while(Option::is_some)
+        .flatten()
+        .find(|gram| {
+            let n = occurrences(gram, window).len() as f64;
+            (n - expected).abs() <= (expected / 10.0).max(2.0)
+        })
+        .map(|gram| Lock {
+            period: p,
+            anchor: gram.to_vec(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn act(kind: ActivityKind, launch: u64, mem_kind: u32, bytes: u64, graph: u32) -> Activity {
+        Activity {
+            kind,
+            start_ns: launch + 10,
+            end_ns: launch + 20,
+            launch_ns: launch,
+            placed: false,
+            correlation_id: launch as u32,
+            bytes,
+            name_id: 0,
+            op_id: 0,
+            graph_id: graph,
+            stream_id: 7,
+            mem_kind,
+            occupancy: None,
+            device: 0,
+        }
+    }
+
+    fn found(f: Found) -> Option<Vec<u64>> {
+        match f {
+            Found::Boundaries(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// `steps` steps of a job: two batch copies after a gap, then `fills` fills and a graph.
+    fn job(steps: u64, fills: u64) -> Vec<Activity> {
+        let mut v = Vec::new();
+        let mut t = 1_000;
+        for s in 0..steps {
+            t += 5_000; // the loop fetching the batch
+            v.push(act(ActivityKind::Memory, t, MEM_KIND_HTOD, 4096, 0));
+            t += 100;
+            v.push(act(ActivityKind::Memory, t, MEM_KIND_HTOD, 4096, 0));
+            for _ in 0..fills {
+                t += 300;
+                v.push(act(ActivityKind::Memory, t, MEM_KIND_MEMSET, 4, 0));
+            }
+            t += 300;
+            // A graph recaptured halfway.
+            v.push(act(
+                ActivityKind::Graph,
+                t,
+                0,
+                0,
+                if s < steps / 2 { 5 } else { 9 },
+            ));
+        }
+        v
+    }
+
+    #[test]
+    fn the_batch_copy_anchors_each_iteration() {
+        let v = job(40, 8);
+        let mut d = CycleDetector::default();
+        let b = found(d.boundaries(&v, u64::MAX)).expect("a period");
+        assert_eq!(b.len(), 40);
+        let lock = d.lock.clone().expect("locked");
+        assert_eq!(lock.period, 11);
+        // Both copies: one alone occurs twice a step.
+        assert_eq!(lock.anchor.len(), 2);
+        // Each boundary is a step's first copy.
+        assert!(b.iter().all(|t| v
+            .iter()
+            .any(|a| a.launch_ns == *t && a.kind == ActivityKind::Memory)));
+        assert_eq!(b[1] - b[0], 5_000 + 100 + 8 * 300 + 300);
+    }
+
+    #[test]
+    fn a_stray_token_does_not_shift_the_boundaries() {
+        let mut v = job(40, 8);
+        // A read-back in step 20 only.
+        let at = v[20 * 11 + 5].launch_ns + 1;
+        v.insert(20 * 11 + 6, act(ActivityKind::Memory, at, 2, 4, 0));
+        let mut d = CycleDetector::default();
+        assert_eq!(found(d.boundaries(&v, u64::MAX)).map(|b| b.len()), Some(40));
+    }
+
+    #[test]
+    fn boundaries_carry_over_from_one_take_to_the_next() {
+        let v = job(60, 3);
+        let mut d = CycleDetector::default();
+        let first = found(d.boundaries(&v[..120], u64::MAX)).expect("a period");
+        let cut = *first.last().expect("boundaries");
+        d.retire(&v, cut);
+        let from = v.partition_point(|a| a.anchor_ns() < cut);
+        let second = found(d.boundaries(&v[from..], u64::MAX)).expect("still locked");
+        assert_eq!(second[0], cut);
+        // 60 steps in all: the windows between boundaries, plus the last one still open.
+        assert_eq!(first.len() - 1 + second.len(), 60);
+    }
+
+    #[test]
+    fn only_settled_boundaries_are_given() {
+        let v = job(40, 2);
+        // Step 30's second copy: its run of two copies is complete at the horizon.
+        let horizon = v[30 * 5 + 1].launch_ns;
+        let mut d = CycleDetector::default();
+        let b = found(d.boundaries(&v, horizon)).expect("a period");
+        assert_eq!(b.last(), Some(&v[30 * 5].launch_ns));
+        // A run not complete at the horizon is no boundary yet.
+        let b = found(d.boundaries(&v, horizon - 1)).expect("a period");
+        assert_eq!(b.last(), Some(&v[29 * 5].launch_ns));
+    }
+
+    #[test]
+    fn one_token_repeated_is_refused() {
+        let v: Vec<Activity> = (0..50)
+            .map(|i| act(ActivityKind::Memory, 1_000 * i, MEM_KIND_HTOD, 4096, 0))
+            .collect();
+        assert_eq!(
+            CycleDetector::default().boundaries(&v, u64::MAX),
+            Found::Nothing
+        );
+    }
+
+    #[test]
+    fn a_search_waits_for_enough_tokens_at_first() {
+        let v = job(40, 2);
+        let mut d = CycleDetector::default();
+        // 5 tokens a step: 100 tokens in the first 20 steps, a few ms after the first.
+        assert_eq!(d.boundaries(&v[..100], v[99].launch_ns), Found::Wait);
+        assert_eq!(found(d.boundaries(&v, u64::MAX)).map(|b| b.len()), Some(40));
+    }
+
+    #[test]
+    fn kernels_are_not_tokens() {
+        let v: Vec<Activity> = (0..90)
+            .map(|i| act(ActivityKind::Kernel, 1_000 * i, 0, 0, 0))
+            .collect();
+        assert_eq!(
+            CycleDetector::default().boundaries(&v, u64::MAX),
+            Found::Nothing
+        );
+    }
+
+    #[test]
+    fn the_shortest_of_equal_periods_wins() {
+        assert_eq!(
+            detect_period(&[1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3], 2),
+            Some(3)
+        );
+        assert_eq!(detect_period(&[1, 2, 3, 4, 5, 6, 7, 8, 9], 2), None);
+        // Period 3 with one position off in every other period: 6 scores 1.0, 3 scores 0.9.
+        let mut s = Vec::new();
+        for k in 0..40 {
+            s.extend([1, 2, if k % 2 == 0 { 3 } else { 4 }]);
+        }
+        assert_eq!(detect_period(&s, 2), Some(6));
+        for k in 0..40 {
+            s.extend([1, 2, if k % 20 == 0 { 4 } else { 3 }]);
+        }
+        assert_eq!(detect_period(&s[120..], 2), Some(3));
+    }
+}
