@@ -45,6 +45,117 @@ pub const RUNTIME_GRAPH_CBIDS: [u32; 2] = [311, 312];
 pub const RUNTIME_COPY_CBIDS: [u32; 13] =
     [31, 32, 41, 44, 49, 51, 161, 215, 216, 225, 228, 233, 235];
 
+/// Synchronising driver calls, whose exit finds the stream (or the context) drained:
+/// cuCtxSynchronize, cuStreamSynchronize(_ptsz). The runtime's cudaDeviceSynchronize and
+/// cudaStreamSynchronize, and PyTorch's `.item()`, go through them.
+pub const DRIVER_SYNC_CBIDS: [u32; 3] = [17, 126, 440];
+
+/// How long the flusher waits for a drained moment before it switches kernel activity anyway.
+const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// How long a thread at a drained moment waits for the switch (it launches nothing meanwhile:
+/// the GPU stays drained), at most.
+const PARKED_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DrainState {
+    Idle,
+    /// A thread sits at the exit of a synchronising call, waiting for the switch.
+    Parked,
+    /// The switch is done: the parked thread may go.
+    Done,
+}
+
+/// Switching kernel activity only while the GPU has no work queued (`SLO_PROBE_TOGGLE_AT_SYNC=1`,
+/// an experiment; off by default). CUDA 13.0's CUPTI strands the kernel records of work in
+/// flight when `CONCURRENT_KERNEL` is switched under a deep queue (bench/results/faults-h200.md,
+/// seventh session), which is why the planner holds kernel tracing on for GPU-bound jobs. Here
+/// the flusher asks for a drained moment instead: the next thread to leave a synchronising call
+/// parks there (at most [`PARKED_WAIT`]) while the flusher switches, then goes on.
+pub(crate) struct Drain {
+    pub(crate) enabled: bool,
+    wanted: std::sync::atomic::AtomicBool,
+    state: std::sync::Mutex<DrainState>,
+    cv: std::sync::Condvar,
+}
+
+impl Drain {
+    pub(crate) fn new(enabled: bool) -> Self {
+        Self {
+            enabled,
+            wanted: std::sync::atomic::AtomicBool::new(false),
+            state: std::sync::Mutex::new(DrainState::Idle),
+            cv: std::sync::Condvar::new(),
+        }
+    }
+
+    /// Runs `switch` at a drained moment, or after [`DRAIN_WAIT`] without one. Returns whether
+    /// the moment came.
+    fn at_drained<T>(&self, switch: impl FnOnce() -> T) -> (T, bool) {
+        let Ok(mut st) = self.state.lock() else {
+            return (switch(), false);
+        };
+        *st = DrainState::Idle;
+        self.wanted.store(true, Ordering::Release);
+        let (g, _) = match self
+            .cv
+            .wait_timeout_while(st, DRAIN_WAIT, |s| *s != DrainState::Parked)
+        {
+            Ok(x) => x,
+            Err(_) => return (switch(), false),
+        };
+        st = g;
+        self.wanted.store(false, Ordering::Release);
+        let drained = *st == DrainState::Parked;
+        let r = switch();
+        if drained {
+            *st = DrainState::Done;
+            self.cv.notify_all();
+        }
+        (r, drained)
+    }
+}
+
+/// The exit of a synchronising call: parks the thread while the flusher switches kernel
+/// activity, when it waits for a drained moment.
+pub(crate) fn sync_callback(s: &Shim, data: *const c_void) {
+    use cudarc::cupti::sys::CUpti_CallbackData as Cb;
+    let d = &s.drain;
+    if !d.wanted.load(Ordering::Acquire) {
+        return;
+    }
+    // SAFETY: for API domains CUPTI passes a CUpti_CallbackData.
+    let site = unsafe {
+        std::ptr::read_unaligned(
+            data.cast::<u8>()
+                .add(std::mem::offset_of!(Cb, callbackSite))
+                .cast::<u32>(),
+        )
+    };
+    if site != 0 {
+        d.park(); // the exit site
+    }
+}
+
+impl Drain {
+    /// At a drained moment: parks this thread while the waiting flusher switches, if it
+    /// waits and no other thread parked first.
+    fn park(&self) {
+        if !self.wanted.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(mut st) = self.state.lock() else { return };
+        *st = DrainState::Parked;
+        self.cv.notify_all();
+        if let Ok((mut g, _)) = self
+            .cv
+            .wait_timeout_while(st, PARKED_WAIT, |s| *s == DrainState::Parked)
+        {
+            *g = DrainState::Idle;
+        }
+    }
+}
+
 /// Whether a runtime callback id is a copy or fill (`RUNTIME_COPY_CBIDS`).
 pub fn is_copy(domain: u32, cbid: u32) -> bool {
     domain == DOMAIN_RUNTIME && RUNTIME_COPY_CBIDS.contains(&cbid)
@@ -341,9 +452,25 @@ impl Shim {
             );
             domains = c.domains.at_raise(hits);
         }
-        let before = now_ns();
+        let mut before = now_ns();
         if plan.depth != from.depth || domains != from.domains {
-            if let Err(e) = self.switch(api, c, plan.depth, domains) {
+            let kernels = |d: u32| d != DEPTH_OFF && d >= DEPTH_KERNELS;
+            let r = if self.drain.enabled && kernels(plan.depth) != kernels(from.depth) {
+                let (r, drained) = self.drain.at_drained(|| {
+                    before = now_ns();
+                    self.switch(api, c, plan.depth, domains)
+                });
+                let n = if drained {
+                    &self.counters.drained_switches
+                } else {
+                    &self.counters.drain_timeouts
+                };
+                n.fetch_add(1, Ordering::Relaxed);
+                r
+            } else {
+                self.switch(api, c, plan.depth, domains)
+            };
+            if let Err(e) = r {
                 // Retried at every tick: said the first few times only.
                 if self.counters.switch_errors.fetch_add(1, Ordering::Relaxed) < 3 {
                     say!("cannot switch to depth {}: {e}", plan.depth);
@@ -429,6 +556,39 @@ impl Shim {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_drained_switch_runs_while_a_thread_is_parked() {
+        use std::{
+            sync::{atomic::AtomicBool, Arc},
+            time::{Duration, Instant},
+        };
+        let d = Arc::new(Drain::new(true));
+        let done = Arc::new(AtomicBool::new(false));
+        let (d2, done2) = (d.clone(), done.clone());
+        // A job thread leaving synchronising calls again and again: its longest stop there.
+        let job = std::thread::spawn(move || {
+            let mut longest = Duration::ZERO;
+            while !done2.load(Ordering::Acquire) {
+                let t0 = Instant::now();
+                d2.park();
+                longest = longest.max(t0.elapsed());
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            longest
+        });
+        let ((), drained) = d.at_drained(|| std::thread::sleep(Duration::from_millis(5)));
+        done.store(true, Ordering::Release);
+        let longest = job.join().expect("job");
+        assert!(drained);
+        // The job thread sat parked while the switch ran, and no longer than it.
+        assert!(longest >= Duration::from_millis(5), "{longest:?}");
+        assert!(longest < PARKED_WAIT, "{longest:?}");
+        // Nobody waits: a thread leaving a synchronising call does not stop.
+        let t0 = Instant::now();
+        d.park();
+        assert!(t0.elapsed() < Duration::from_millis(5));
+    }
+
     use std::{cell::RefCell, ffi::c_char};
 
     use super::*;

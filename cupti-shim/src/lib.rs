@@ -262,6 +262,10 @@ struct Counters {
     holds: AtomicU64,
     /// See `Tally::corr_repeats`.
     corr_repeats: AtomicU64,
+    /// Kernel-activity switches made while a thread sat at the exit of a synchronising call
+    /// (the GPU drained), and those that waited for one in vain (`SLO_PROBE_TOGGLE_AT_SYNC`).
+    drained_switches: AtomicU64,
+    drain_timeouts: AtomicU64,
 }
 
 struct Shim {
@@ -306,6 +310,8 @@ struct Shim {
     /// window (`SLO_PROBE_FORCED_FLUSH`, default 0: see [`BUFFER_BYTES`]).
     pub(crate) buffers_cfg: BufferCfg,
     counters: Counters,
+    /// Kernel activity switched only where the GPU has drained (see [`control::Drain`]).
+    pub(crate) drain: control::Drain,
     log: bool,
 }
 
@@ -459,6 +465,7 @@ fn shim() -> &'static Shim {
             mem_activity: std::env::var("SLO_PROBE_MEM_ACTIVITY").map_or(true, |v| v != "0"),
             buffers_cfg: BufferCfg::from_env(),
             counters: Counters::default(),
+            drain: control::Drain::new(env_flag("SLO_PROBE_TOGGLE_AT_SYNC")),
             log,
         };
         if let Some(t) = &s.transport {
@@ -574,6 +581,11 @@ impl Shim {
                 }
                 for cbid in [CBID_GRAPHNODE_CREATED, CBID_GRAPHNODE_CLONED] {
                     (api.cuptiEnableCallback)(1, sub, DOMAIN_RESOURCE, cbid);
+                }
+                if self.drain.enabled {
+                    for cbid in control::DRIVER_SYNC_CBIDS {
+                        (api.cuptiEnableCallback)(1, sub, DOMAIN_DRIVER, cbid);
+                    }
                 }
                 // Copies and fills name their operator at every depth (their records come
                 // at every depth).
@@ -859,6 +871,9 @@ unsafe extern "C" fn on_callback(_ud: *mut c_void, domain: u32, cbid: u32, data:
     guard((), || {
         let Some(s) = SHIM.get() else { return };
         match domain {
+            DOMAIN_DRIVER if control::DRIVER_SYNC_CBIDS.contains(&cbid) => {
+                control::sync_callback(s, data)
+            }
             DOMAIN_DRIVER | DOMAIN_RUNTIME => launch_callback(s, domain, cbid, data),
             DOMAIN_RESOURCE => {
                 let t0 = now_ns();
@@ -1453,6 +1468,8 @@ pub unsafe extern "C" fn slo_probe_debug_counters(out: *mut u64, n: usize) -> us
             r(&c.forced_flushes),
             r(&c.corr_repeats),
             r(&c.holds),
+            r(&c.drained_switches),
+            r(&c.drain_timeouts),
         ];
         if !out.is_null() {
             for (i, v) in all.iter().enumerate().take(n) {

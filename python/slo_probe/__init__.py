@@ -252,6 +252,8 @@ DEBUG_COUNTERS = (
     "callback_ns", "sampled_steps", "incomplete_records", "forced_flushes",
     "corr_repeats",
     "holds",
+    "drained_switches",
+    "drain_timeouts",
 )
 
 
