@@ -172,6 +172,7 @@ def run_steps(job: Job, n: int, per_step_sync: bool = False) -> Dict[str, Any]:
     times: List[float] = []
     job.sync()
     t0 = time.perf_counter()
+    c0 = time.thread_time()
     last = t0
     for _ in range(n):
         with slo_probe.step():
@@ -181,9 +182,13 @@ def run_steps(job: Job, n: int, per_step_sync: bool = False) -> Dict[str, Any]:
             now = time.perf_counter()
             times.append(now - last)
             last = now
+    cpu = time.thread_time() - c0
     job.sync()
     total = time.perf_counter() - t0
-    return {"step_s": total / n, "steps": n, "per_step_s": times}
+    # cpu_s: the main thread's CPU time per step before the final sync (where a launch-bound
+    # job spends its step, and where CUPTI's per-launch cost lands), less noisy than the wall
+    # time on a shared host: preemption and waits are not in it.
+    return {"step_s": total / n, "cpu_s": cpu / n, "steps": n, "per_step_s": times}
 
 
 def block(job: Job, cond: str, steps: int, warm: int, wait_s: float) -> Dict[str, Any]:
@@ -208,7 +213,7 @@ def block(job: Job, cond: str, steps: int, warm: int, wait_s: float) -> Dict[str
     if cond == "kernels":
         slo_probe.request_depth(0)
         info["depth_left"] = wait_depth(lambda d: d["reason"] != "script", wait_s)
-    info.update(step_s=r["step_s"], steps=steps, counters=delta(c0, c1))
+    info.update(step_s=r["step_s"], cpu_s=r["cpu_s"], steps=steps, counters=delta(c0, c1))
     return info
 
 

@@ -83,15 +83,22 @@ def ab_figures(rec: Dict[str, Any], prof: Optional[Dict[str, Any]]) -> Dict[str,
                          "simulated": rec.get("simulated"), "warm_s": rec.get("warm_s")}
     f["step_ms"] = {c: spread([b["step_s"] * 1e3 for b in bs]) for c, bs in by_cond.items()}
 
-    def paired(cond: str, keep=lambda b: True) -> Dict[str, float]:
-        return spread([r[cond]["step_s"] / r["released"]["step_s"] for r in by_round.values()
-                       if cond in r and "released" in r and keep(r[cond])])
+    def paired(cond: str, keep=lambda b: True, key: str = "step_s") -> Dict[str, float]:
+        return spread([r[cond][key] / r["released"][key] for r in by_round.values()
+                       if cond in r and "released" in r and keep(r[cond])
+                       and r[cond].get(key) and r["released"].get(key)])
 
     no_window = lambda b: b.get("counters", {}).get("sampled_steps", 0) == 0  # noqa: E731
     f["ratio"] = {
         "default": paired("default"),
         "default_no_window": paired("default", no_window),
         "kernels": paired("kernels"),
+    }
+    # The same on the main thread's CPU time per step (blocks that carry it).
+    f["cpu_ratio"] = {
+        "default": paired("default", key="cpu_s"),
+        "default_no_window": paired("default", no_window, key="cpu_s"),
+        "kernels": paired("kernels", key="cpu_s"),
     }
     rel = f["step_ms"].get("released", {}).get("median")
     pblocks = (prof or {}).get("blocks", [])
@@ -194,7 +201,7 @@ def report(run: Dict[str, Any], ab: List[Dict[str, Any]], pairs: List[Dict[str, 
     L.append("")
     L.append("Job: a GPT-style transformer LM in plain PyTorch (scripts/gpu_overhead.py: "
              f"{run.get('model', 'dim 512, 8 layers, 8 heads, vocab 8192')}), AdamW, random tokens. "
-             "In-process A/B: rounds of 50-step blocks, each condition once per round in rotated order; "
+             f"In-process A/B: rounds of {run.get('block_steps', 50)}-step blocks, each condition once per round in rotated order; "
              "overhead = block step time / the `released` block of the same round − 1: median of rounds "
              "[min, max]. `released` = `slo_probe.cupti_released()` (the shim unsubscribed).")
     L.append("")
@@ -214,6 +221,17 @@ def report(run: Dict[str, Any], ab: List[Dict[str, Any]], pairs: List[Dict[str, 
                  f"{est_s} | {pct(f['ratio']['kernels'])} | {pct(f['ratio'].get('profiler', {}))} | "
                  f"{'–' if kps is None else f'{kps:.0f}'} | {ok} |")
     L.append("")
+    if any(f.get("cpu_ratio", {}).get("default", {}).get("n") for f in ab):
+        L.append("The same rounds on the main thread's CPU time per step (`time.thread_time()`, "
+                 "before the block's final sync: preemption and waits left out):")
+        L.append("")
+        L.append("| job | default tier: blocks | default: blocks without a window | kernels (depth 1) |")
+        L.append("|---|---|---|---|")
+        for f in ab:
+            c = f.get("cpu_ratio", {})
+            L.append(f"| {f['label']} | {pct(c.get('default', {}))} | "
+                     f"{pct(c.get('default_no_window', {}))} | {pct(c.get('kernels', {}))} |")
+        L.append("")
     L.append("Depth 1 per kernel (the calibration of `SHIM_COST_PER_KERNEL_RECORD_NS`, 1500 ns assumed):")
     L.append("")
     L.append("| job | extra ns per kernel | shim callback ns per kernel | implied CUPTI ns per record "
