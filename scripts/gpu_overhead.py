@@ -167,12 +167,55 @@ def wait_depth(pred: Callable[[Dict[str, Any]], bool], timeout: float) -> bool:
     return False
 
 
+class Instructions:
+    """The calling thread's retired instructions (user and kernel), from a perf_event counter
+    (Linux, x86_64): what CUPTI and the shim add on the launching thread, counted, not timed, so
+    the host's noise (frequency, neighbours, preemption) does not enter. None where the
+    kernel or the machine gives no hardware counter."""
+
+    def __init__(self) -> None:
+        self.fd: Optional[int] = None
+        try:
+            import ctypes
+            import struct
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            # struct perf_event_attr (128 bytes): type 0 (hardware), config 1 (instructions),
+            # flags: exclude_hv (bit 6); counting from now on, this thread, any CPU.
+            attr = struct.pack("<IIQQQQQ", 0, 128, 1, 0, 0, 0, 1 << 6).ljust(128, b"\0")
+            buf = ctypes.create_string_buffer(attr, 128)
+            fd = libc.syscall(298, buf, 0, -1, -1, 0)
+            if fd >= 0:
+                self.fd = fd
+        except Exception:  # no counter: the blocks carry no instruction count
+            self.fd = None
+
+    def read(self) -> Optional[int]:
+        if self.fd is None:
+            return None
+        try:
+            return int.from_bytes(os.read(self.fd, 8), "little")
+        except OSError:
+            return None
+
+
+_INSTR: Optional[Instructions] = None
+
+
+def instructions() -> Optional[int]:
+    global _INSTR
+    if _INSTR is None:
+        _INSTR = Instructions()
+    return _INSTR.read()
+
+
 def run_steps(job: Job, n: int, per_step_sync: bool = False) -> Dict[str, Any]:
     """n marked steps; the block's synchronised wall time, and per-step times when asked."""
     times: List[float] = []
     job.sync()
     t0 = time.perf_counter()
     c0 = time.thread_time()
+    i0 = instructions()
     last = t0
     for _ in range(n):
         with slo_probe.step():
@@ -183,12 +226,14 @@ def run_steps(job: Job, n: int, per_step_sync: bool = False) -> Dict[str, Any]:
             times.append(now - last)
             last = now
     cpu = time.thread_time() - c0
+    i1 = instructions()
     job.sync()
     total = time.perf_counter() - t0
     # cpu_s: the main thread's CPU time per step before the final sync (where a launch-bound
     # job spends its step, and where CUPTI's per-launch cost lands), less noisy than the wall
     # time on a shared host: preemption and waits are not in it.
-    return {"step_s": total / n, "cpu_s": cpu / n, "steps": n, "per_step_s": times}
+    instr = (i1 - i0) / n if i0 is not None and i1 is not None else None
+    return {"step_s": total / n, "cpu_s": cpu / n, "instr": instr, "steps": n, "per_step_s": times}
 
 
 def block(job: Job, cond: str, steps: int, warm: int, wait_s: float) -> Dict[str, Any]:
@@ -213,7 +258,8 @@ def block(job: Job, cond: str, steps: int, warm: int, wait_s: float) -> Dict[str
     if cond == "kernels":
         slo_probe.request_depth(0)
         info["depth_left"] = wait_depth(lambda d: d["reason"] != "script", wait_s)
-    info.update(step_s=r["step_s"], cpu_s=r["cpu_s"], steps=steps, counters=delta(c0, c1))
+    info.update(step_s=r["step_s"], cpu_s=r["cpu_s"], instr=r["instr"], steps=steps,
+                counters=delta(c0, c1))
     return info
 
 

@@ -100,6 +100,13 @@ def ab_figures(rec: Dict[str, Any], prof: Optional[Dict[str, Any]]) -> Dict[str,
         "default_no_window": paired("default", no_window, key="cpu_s"),
         "kernels": paired("kernels", key="cpu_s"),
     }
+    # And on the main thread's retired instructions per step (a perf_event counter).
+    f["instr_ratio"] = {
+        "default": paired("default", key="instr"),
+        "default_no_window": paired("default", no_window, key="instr"),
+        "kernels": paired("kernels", key="instr"),
+    }
+    f["instr_per_step"] = {c: spread([b["instr"] for b in bs if b.get("instr")]) for c, bs in by_cond.items()}
     rel = f["step_ms"].get("released", {}).get("median")
     pblocks = (prof or {}).get("blocks", [])
     if pblocks and rel:
@@ -230,6 +237,19 @@ def report(run: Dict[str, Any], ab: List[Dict[str, Any]], pairs: List[Dict[str, 
         for f in ab:
             c = f.get("cpu_ratio", {})
             L.append(f"| {f['label']} | {pct(c.get('default', {}))} | "
+                     f"{pct(c.get('default_no_window', {}))} | {pct(c.get('kernels', {}))} |")
+        L.append("")
+    if any(f.get("instr_ratio", {}).get("default", {}).get("n") for f in ab):
+        L.append("The same rounds on the main thread's retired instructions per step (a perf_event "
+                 "counter: counted, not timed, so the host's noise stays out; what CUPTI and the shim "
+                 "add on the launching thread, not what they cost the GPU):")
+        L.append("")
+        L.append("| job | instructions per step (released) | default tier: blocks | default: blocks without a window | kernels (depth 1) |")
+        L.append("|---|---|---|---|---|")
+        for f in ab:
+            c = f.get("instr_ratio", {})
+            rel = f.get("instr_per_step", {}).get("released", {})
+            L.append(f"| {f['label']} | {rel.get('median', 0) / 1e6:.2f} M | {pct(c.get('default', {}))} | "
                      f"{pct(c.get('default_no_window', {}))} | {pct(c.get('kernels', {}))} |")
         L.append("")
     L.append("Depth 1 per kernel (the calibration of `SHIM_COST_PER_KERNEL_RECORD_NS`, 1500 ns assumed):")
