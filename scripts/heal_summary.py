@@ -156,6 +156,28 @@ def main():
     if diagnosed:
         print(f"- diagnosed: node `{diagnosed.get('node')}`, dimension `{diagnosed.get('dimension')}`, host cause `{diagnosed.get('host')}`")
     print(f"- tried {tried}; kept {kept}; rolled back {reverted}")
+    # The healer's own side-effect test, per kept action: the other guarded nodes' windows
+    # judged before the action against those after it (the kept event carries them).
+    side_kept = [(t, e) for t, e in events if e["event"] == "kept" and e.get("side_effects")]
+    result["kept_side_effects"] = [{"at_s": t, "strategy": e["strategy"], "nodes": e["side_effects"]}
+                                   for t, e in side_kept]
+    if side_kept:
+        print("\nSide effects of each kept action (the healer's verification: the other guarded SLO nodes' "
+              "windows judged before the action against those after it; worse by more than 0.5% rolls back):\n")
+        print("| kept at s | strategy | node | before | after | worse by | windows before / after |")
+        print("|---|---|---|---|---|---|---|")
+        for t, e in side_kept:
+            for c in e["side_effects"]:
+                w = c.get("windows") or [0, 0]
+                print(f"| {t:.1f} | {e['strategy']} | {c['node']} | {c['before']:.3f} | {c['after']:.3f} | "
+                      f"{100 * c['worse_by']:+.2f}% | {w[0]} / {w[1]} |")
+        worst = max((c["worse_by"] for _, e in side_kept for c in e["side_effects"]), default=None)
+        result["kept_worst_side_effect"] = worst
+        print(f"\nWorst side effect of a kept action: {f(worst and 100 * worst, '{:+.2f}%')} (bound +0.5%).")
+        if a.json:
+            json.dump(result, open(a.json, "w"), indent=2)
+    print("\nPhases of the run (scrapes, whole phases: the fault's last 30 s against the 30 s before it, "
+          "not the healer's test):")
     print("\n| SLO node | before | healed | change |")
     print("|---|---|---|---|")
     for n, v in side.items():

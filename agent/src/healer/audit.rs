@@ -85,10 +85,28 @@ pub fn body(e: &AuditEvent) -> String {
             "job {job}: shadow mode: would apply {strategy}/{}",
             level.as_str()
         ),
-        Event::Kept { strategy, stats } => format!(
-            "job {job}: {strategy} kept: median block {:.2} → {:.2} ms (p = {:.4})",
-            stats.before_ms, stats.after_ms, stats.p_better
-        ),
+        Event::Kept {
+            strategy,
+            stats,
+            side_effects,
+        } => {
+            let mut s = format!(
+                "job {job}: {strategy} kept: median block {:.2} → {:.2} ms (p = {:.4})",
+                stats.before_ms, stats.after_ms, stats.p_better
+            );
+            if let Some(w) = side_effects
+                .iter()
+                .max_by(|a, b| a.worse_by.total_cmp(&b.worse_by))
+            {
+                s += &format!(
+                    "; {} other nodes judged, the worst {} {:+.2}%",
+                    side_effects.len(),
+                    w.node,
+                    w.worse_by * 100.0
+                );
+            }
+            s
+        }
         Event::Revert {
             strategy, reason, ..
         } => format!("job {job}: rolling {strategy} back ({})", reason.as_str()),

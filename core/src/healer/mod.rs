@@ -443,6 +443,41 @@ pub struct VerifyStats {
     pub reward: f64,
 }
 
+/// How one guarded SLO node moved over a verification: the mean of the windows judged before
+/// the action against those after it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeChange {
+    /// The node (or `gpu_utilisation`).
+    pub node: String,
+    /// Mean before, in the node's unit.
+    pub before: f64,
+    /// Mean after.
+    pub after: f64,
+    /// How much worse it got, as a fraction of the before mean (negative: better).
+    pub worse_by: f64,
+    /// Windows judged before and after (0 before: a mean the before window kept).
+    pub windows: (usize, usize),
+}
+
+impl NodeChange {
+    /// The change of a node whose values were `before` and `after` (`None` with fewer than
+    /// [`verify::MIN_NODE_SAMPLES`] on a side).
+    fn of(node: &str, before: &[f64], after: &[f64], higher_is_better: bool) -> Option<Self> {
+        if before.len() < verify::MIN_NODE_SAMPLES || after.len() < verify::MIN_NODE_SAMPLES {
+            return None;
+        }
+        let (b, a) = (verify::mean(before)?, verify::mean(after)?);
+        let worse = if higher_is_better { b - a } else { a - b };
+        Some(Self {
+            node: node.to_owned(),
+            before: b,
+            after: a,
+            worse_by: worse / b.abs().max(1e-9),
+            windows: (before.len(), after.len()),
+        })
+    }
+}
+
 /// One entry of the audit trail.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "event")]
@@ -548,6 +583,10 @@ pub enum Event {
         strategy: Strategy,
         /// The test.
         stats: VerifyStats,
+        /// The other guarded SLO nodes (and GPU utilisation) judged before and after it: none
+        /// worse than the side-effect budget, or the action would have been rolled back.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        side_effects: Vec<NodeChange>,
     },
     /// The action is being undone.
     Revert {
@@ -1600,12 +1639,32 @@ impl Healer {
         let Some(a) = self.action.take() else {
             return Decision::Nothing;
         };
+        let mut side_effects: Vec<NodeChange> = obs
+            .nodes
+            .iter()
+            .filter(|(name, n)| n.guarded && **name != a.violated_node)
+            .filter_map(|(name, n)| {
+                let b = a.before_nodes.get(name)?;
+                NodeChange::of(name, b, a.after_nodes.get(name)?, n.higher_is_better)
+            })
+            .collect();
+        if let (Some(b), Some(af)) = (a.before.gpu_util, m.and_then(|m| m.gpu_util)) {
+            // The before window's mean (the constraint's bound), against the windows after.
+            side_effects.push(NodeChange {
+                node: "gpu_utilisation".into(),
+                before: b,
+                after: af,
+                worse_by: (b - af) / b.abs().max(1e-9),
+                windows: (0, a.after_gpu.len()),
+            });
+        }
         self.emit(
             now,
             Some(a.id),
             Event::Kept {
                 strategy: arm.strategy,
                 stats,
+                side_effects,
             },
         );
         self.count(arm.strategy, "kept");

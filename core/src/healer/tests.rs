@@ -418,6 +418,36 @@ fn a_side_effect_on_another_node_rolls_back() {
     }
 }
 
+/// A kept action says how the other guarded nodes moved (the side effects < 0.5%),
+/// each within the budget.
+#[test]
+fn a_kept_action_carries_the_other_nodes_changes() {
+    let (mut h, mut sim) = healthy_start(|_| Effect::Fixes);
+    sim.gpu_effect = |_| 0.998; // GPU utilisation −0.2%: within the budget
+    sim.fault_on();
+    let d = run(&mut h, &mut sim, 60, None);
+    applied_and_kept(&h, &d);
+    let side = h
+        .view(0)
+        .timeline
+        .iter()
+        .find_map(|e| match &e.event {
+            Event::Kept { side_effects, .. } => Some(side_effects.clone()),
+            _ => None,
+        })
+        .expect("a kept event");
+    let compute = side
+        .iter()
+        .find(|c| c.node == "compute")
+        .expect("compute judged");
+    assert!(
+        compute.windows.0 >= 3 && compute.windows.1 >= 3,
+        "{compute:?}"
+    );
+    assert!((compute.worse_by - 0.002).abs() < 0.002, "{compute:?}");
+    assert!(side.iter().all(|c| c.worse_by <= 0.005), "{side:?}");
+}
+
 /// An action was applied, nothing rolled back, and the healer kept it.
 fn applied_and_kept(h: &Healer, d: &[(u64, Decision)]) {
     assert!(
