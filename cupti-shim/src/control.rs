@@ -144,7 +144,9 @@ impl Drain {
         if !self.wanted.swap(false, Ordering::AcqRel) {
             return;
         }
-        let Ok(mut st) = self.state.lock() else { return };
+        let Ok(mut st) = self.state.lock() else {
+            return;
+        };
         *st = DrainState::Parked;
         self.cv.notify_all();
         if let Ok((mut g, _)) = self
