@@ -103,6 +103,17 @@ pub const DEFAULT_BASELINE_ITERATIONS: usize = 400;
 
 const NS: f64 = 1e9;
 
+/// How far back healthy iterations are kept, ns. A violation's breach began up to a few SLO
+/// windows before it opened (`since_ns`), and the iterations from then on are not healthy after
+/// all: a baseline needs iterations from before that. Kept by count alone (the last 400) they
+/// were all newer than `since` on a job of 9 ms steps with 10 s windows (the H200 heal run of
+/// 2026-12-04: "no healthy baseline yet, 0 of 40 iterations" for the whole fault), and on
+/// CI's workload built with --release (0.5 ms steps).
+const HEALTHY_KEEP_NS: u64 = 120_000_000_000;
+
+/// Healthy iterations kept at most, whatever their age (16 bytes each).
+const MAX_HEALTHY: usize = 1 << 16;
+
 /// The healer's settings (the agent's `[heal]` section fills it).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -1007,7 +1018,11 @@ impl Healer {
         {
             return None;
         }
-        let iters: Vec<f64> = self.healthy.iter().map(|s| s.wall_ms).collect();
+        // The most recent healthy iterations (older ones are kept for a violation that reaches
+        // back past the recent ones).
+        let n = DEFAULT_BASELINE_ITERATIONS.max(self.window_iterations());
+        let skip = self.healthy.len().saturating_sub(n);
+        let iters: Vec<f64> = self.healthy.iter().skip(skip).map(|s| s.wall_ms).collect();
         let pick = |f: fn(&Tick) -> Option<f64>| -> Vec<f64> {
             self.healthy_ticks.iter().filter_map(f).collect()
         };
@@ -1093,7 +1108,14 @@ impl Healer {
         while self.recent.len() > cap.max(64) {
             self.recent.pop_front();
         }
-        while self.healthy.len() > DEFAULT_BASELINE_ITERATIONS.max(self.window_iterations()) {
+        let keep = DEFAULT_BASELINE_ITERATIONS.max(self.window_iterations());
+        while self.healthy.len() > keep
+            && (self.healthy.len() > MAX_HEALTHY
+                || self
+                    .healthy
+                    .front()
+                    .is_some_and(|s| s.end_ns + HEALTHY_KEEP_NS < self.last_end_ns))
+        {
             self.healthy.pop_front();
         }
         if let Some(a) = self

@@ -233,6 +233,22 @@ fn healthy_start(effect: fn(Strategy) -> Effect) -> (Healer, Sim) {
     (h, sim)
 }
 
+/// A fast job whose violation reaches back two SLO windows still has a baseline: the H200 heal
+/// run of 2026-12-04 (9 ms steps, 10 s windows) kept only the last 400 healthy iterations, all
+/// of them inside the breach, and learned nothing for the whole fault.
+#[test]
+fn a_fast_job_keeps_a_baseline_from_before_the_breach() {
+    let mut h = Healer::new(1, config());
+    let mut sim = Sim::new(|_| Effect::Fixes);
+    sim.base_ms = 2.0; // 500 iterations a second
+    sim.early_since = 20 * S;
+    assert!(run(&mut h, &mut sim, 40, None).is_empty());
+    sim.fault_on();
+    let d = run(&mut h, &mut sim, 60, None);
+    assert!(!events(&h).contains(&"learning"), "{:?}", events(&h));
+    applied_and_kept(&h, &d);
+}
+
 fn events(h: &Healer) -> Vec<&'static str> {
     h.view(0).timeline.iter().map(|e| e.event.name()).collect()
 }
