@@ -458,7 +458,9 @@ pub struct VerifyStats {
 /// the action against those after it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NodeChange {
-    /// The node (or `gpu_utilisation`).
+    /// The node, or `gpu_utilisation` (a constraint: its `before` is the bound it is held to,
+    /// the baseline or the before window where that was lower, and it may fall by
+    /// `constraints.gpu_util_drop`, not by the side-effect budget).
     pub node: String,
     /// Mean before, in the node's unit.
     pub before: f64,
@@ -1670,8 +1672,9 @@ impl Healer {
                 NodeChange::of(name, b, a.after_nodes.get(name)?, n.higher_is_better)
             })
             .collect();
-        if let (Some(b), Some(af)) = (a.before.gpu_util, m.and_then(|m| m.gpu_util)) {
-            // The before window's mean (the constraint's bound), against the windows after.
+        if let (Some(b), Some(af)) = (bound.gpu_util, m.and_then(|m| m.gpu_util)) {
+            // A constraint, not a node: against its bound (the baseline, or the before window
+            // where that was lower), within `constraints.gpu_util_drop`.
             side_effects.push(NodeChange {
                 node: "gpu_utilisation".into(),
                 before: b,
