@@ -228,28 +228,25 @@ def report(run: Dict[str, Any], ab: List[Dict[str, Any]], pairs: List[Dict[str, 
                  f"{est_s} | {pct(f['ratio']['kernels'])} | {pct(f['ratio'].get('profiler', {}))} | "
                  f"{'–' if kps is None else f'{kps:.0f}'} | {ok} |")
     L.append("")
-    if any(f.get("cpu_ratio", {}).get("default", {}).get("n") for f in ab):
-        L.append("The same rounds on the main thread's CPU time per step (`time.thread_time()`, "
-                 "before the block's final sync: preemption and waits left out):")
-        L.append("")
-        L.append("| job | default tier: blocks | default: blocks without a window | kernels (depth 1) |")
-        L.append("|---|---|---|---|")
+    ratio_tables = (
+        ("cpu_ratio", None, "The same rounds on the main thread's CPU time per step (`time.thread_time()`, "
+                            "before the block's final sync: preemption and waits left out):"),
+        ("instr_ratio", "instructions per step (released)",
+         "The same rounds on the main thread's retired instructions per step (a perf_event counter: counted, "
+         "not timed, so the host's noise stays out; what CUPTI and the shim add on the launching thread, not "
+         "what they cost the GPU):"),
+    )
+    for key, first, title in ratio_tables:
+        if not any(f.get(key, {}).get("default", {}).get("n") for f in ab):
+            continue
+        L += [title, "", "| job | " + (f"{first} | " if first else "") + "default tier: blocks | "
+              "default: blocks without a window | kernels (depth 1) |",
+              "|---|" + ("---|" if first else "") + "---|---|---|"]
         for f in ab:
-            c = f.get("cpu_ratio", {})
-            L.append(f"| {f['label']} | {pct(c.get('default', {}))} | "
-                     f"{pct(c.get('default_no_window', {}))} | {pct(c.get('kernels', {}))} |")
-        L.append("")
-    if any(f.get("instr_ratio", {}).get("default", {}).get("n") for f in ab):
-        L.append("The same rounds on the main thread's retired instructions per step (a perf_event "
-                 "counter: counted, not timed, so the host's noise stays out; what CUPTI and the shim "
-                 "add on the launching thread, not what they cost the GPU):")
-        L.append("")
-        L.append("| job | instructions per step (released) | default tier: blocks | default: blocks without a window | kernels (depth 1) |")
-        L.append("|---|---|---|---|---|")
-        for f in ab:
-            c = f.get("instr_ratio", {})
+            c = f.get(key, {})
             rel = f.get("instr_per_step", {}).get("released", {})
-            L.append(f"| {f['label']} | {rel.get('median', 0) / 1e6:.2f} M | {pct(c.get('default', {}))} | "
+            lead = f"{rel.get('median', 0) / 1e6:.2f} M | " if first else ""
+            L.append(f"| {f['label']} | {lead}{pct(c.get('default', {}))} | "
                      f"{pct(c.get('default_no_window', {}))} | {pct(c.get('kernels', {}))} |")
         L.append("")
     L.append("Depth 1 per kernel (the calibration of `SHIM_COST_PER_KERNEL_RECORD_NS`, 1500 ns assumed):")

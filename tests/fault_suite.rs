@@ -46,6 +46,17 @@ fn answers(root: &Path) -> Vec<std::path::PathBuf> {
     out
 }
 
+/// A fixture's answer and its recording (`None`: it has none).
+fn fixture(answer: &Path) -> Option<(serde_json::Value, std::path::PathBuf)> {
+    let a = serde_json::from_str(&std::fs::read_to_string(answer).expect("answer")).expect("json");
+    let bin = std::fs::read_dir(answer.parent().expect("folder"))
+        .expect("fixture")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "bin"))?;
+    Some((a, bin))
+}
+
 #[test]
 fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
     let tmp = std::env::temp_dir().join(format!("slo-probe-faults-{}", std::process::id()));
@@ -81,14 +92,7 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
             .expect("name")
             .to_string_lossy()
             .into_owned();
-        let a: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&answer).expect("answer")).expect("json");
-        let Some(bin) = std::fs::read_dir(dir)
-            .expect("fixture")
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| p.extension().is_some_and(|x| x == "bin"))
-        else {
+        let Some((a, bin)) = fixture(&answer) else {
             continue;
         };
         let r = replay::replay_with(&bin, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -167,15 +171,7 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
     };
     let (mut within, mut detect_top1, mut detect_quiet) = (0, 0, 0);
     for answer in answers(&tmp) {
-        let dir = answer.parent().expect("folder");
-        let a: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&answer).expect("answer")).expect("json");
-        let Some(bin) = std::fs::read_dir(dir)
-            .expect("fixture")
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| p.extension().is_some_and(|x| x == "bin"))
-        else {
+        let Some((a, bin)) = fixture(&answer) else {
             continue;
         };
         let r = replay::replay_with(&bin, &detect).unwrap_or_else(|e| panic!("{e}"));
