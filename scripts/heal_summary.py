@@ -126,7 +126,19 @@ def main():
         af = mean([v for t, nn, v in scr if nn == n and fault_end - s30 <= t < fault_end])
         if b is not None and af is not None:
             side[n] = {"before": b, "healed": af, "change": (af - b) / abs(b) if b else None}
+    # The healer's own side-effect test, per kept action: the other guarded nodes' windows
+    # judged before the action against those after it (the kept event carries them).
+    side_kept = [(t, e) for t, e in events if e["event"] == "kept" and e.get("side_effects")]
+
+    def worst_of(gpu):
+        return max((c["worse_by"] for _, e in side_kept for c in e["side_effects"]
+                    if (c["node"] == "gpu_utilisation") == gpu), default=None)
+
     result = {
+        "kept_side_effects": [{"at_s": t, "strategy": e["strategy"], "nodes": e["side_effects"]}
+                              for t, e in side_kept],
+        "kept_worst_side_effect": worst_of(False),
+        "kept_worst_gpu_drop": worst_of(True),
         "baseline_step_ms": base, "faulty_step_ms": during, "healed_step_ms": after,
         "srt_s": srt(steps, fault, base) if base else None,
         "first_action_s": first_apply, "kept_s": first_kept,
@@ -156,11 +168,6 @@ def main():
     if diagnosed:
         print(f"- diagnosed: node `{diagnosed.get('node')}`, dimension `{diagnosed.get('dimension')}`, host cause `{diagnosed.get('host')}`")
     print(f"- tried {tried}; kept {kept}; rolled back {reverted}")
-    # The healer's own side-effect test, per kept action: the other guarded nodes' windows
-    # judged before the action against those after it (the kept event carries them).
-    side_kept = [(t, e) for t, e in events if e["event"] == "kept" and e.get("side_effects")]
-    result["kept_side_effects"] = [{"at_s": t, "strategy": e["strategy"], "nodes": e["side_effects"]}
-                                   for t, e in side_kept]
     if side_kept:
         print("\nSide effects of each kept action (the healer's verification: the other guarded SLO nodes' "
               "windows judged before the action against those after it; worse by more than 0.5% rolls back):\n")
@@ -171,17 +178,10 @@ def main():
                 w = c.get("windows") or [0, 0]
                 print(f"| {t:.1f} | {e['strategy']} | {c['node']} | {c['before']:.3f} | {c['after']:.3f} | "
                       f"{100 * c['worse_by']:+.2f}% | {w[0]} / {w[1]} |")
-        worst = max((c["worse_by"] for _, e in side_kept for c in e["side_effects"]
-                     if c["node"] != "gpu_utilisation"), default=None)
-        gpu = max((c["worse_by"] for _, e in side_kept for c in e["side_effects"]
-                   if c["node"] == "gpu_utilisation"), default=None)
-        result["kept_worst_side_effect"] = worst
-        result["kept_worst_gpu_drop"] = gpu
+        worst, gpu = result["kept_worst_side_effect"], result["kept_worst_gpu_drop"]
         print(f"\nWorst side effect of a kept action on another SLO node: {f(worst and 100 * worst, '{:+.2f}%')} "
               f"(budget +0.5%); GPU utilisation against its bound (the baseline, or the before window where "
               f"lower): {f(gpu and 100 * gpu, '{:+.2f}%')} (constraint: at most 5% below).")
-        if a.json:
-            json.dump(result, open(a.json, "w"), indent=2)
     print("\nPhases of the run (scrapes, whole phases: the fault's last 30 s against the 30 s before it, "
           "not the healer's test):")
     print("\n| SLO node | before | healed | change |")

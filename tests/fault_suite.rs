@@ -16,6 +16,7 @@
 use std::{path::Path, process::Command};
 
 use slo_probe::{cli::replay, config::Config};
+use slo_probe_core::slo::Violation;
 
 fn fixtures() -> Vec<std::path::PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/faults");
@@ -55,6 +56,29 @@ fn fixture(answer: &Path) -> Option<(serde_json::Value, std::path::PathBuf)> {
         .map(|e| e.path())
         .find(|p| p.extension().is_some_and(|x| x == "bin"))?;
     Some((a, bin))
+}
+
+/// The violations a replay opened.
+fn violations_of(r: &replay::Replayed) -> &[Violation] {
+    r.process
+        .slo
+        .as_ref()
+        .map_or(&[][..], |s| &s.violations[..])
+}
+
+/// The first violation a fault opened: from its onset to 6 s after its end.
+fn first_violation(violations: &[Violation], onset: u64, end: u64) -> Option<&Violation> {
+    violations
+        .iter()
+        .filter(|v| (onset..=end + 6_000_000_000).contains(&v.opened_ns))
+        .min_by_key(|v| v.opened_ns)
+}
+
+/// Whether a violation's top cause is the operator the answer expects (exactly).
+fn named(v: &Violation, answer: &serde_json::Value) -> bool {
+    let want = answer["expect"]["op"].as_str().unwrap_or("");
+    let top = v.attribution.as_ref().and_then(|at| at.top());
+    top.is_some_and(|c| !want.is_empty() && *c.op == *want)
 }
 
 #[test]
@@ -115,11 +139,7 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
                 break;
             }
         }
-        let violations = r
-            .process
-            .slo
-            .as_ref()
-            .map_or(&[][..], |s| &s.violations[..]);
+        let violations = violations_of(&r);
         let actions = r.healer.as_ref().map_or(0, |h| h.actions);
         let effect = a["effect"]["ratio"].as_f64().unwrap_or(0.0);
         if a["kind"] == "healthy" {
@@ -145,18 +165,10 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
             continue; // the fault did not slow the job: nothing to detect
         }
         faults += 1;
-        let first = violations
-            .iter()
-            .filter(|v| (onset..=end + 6_000_000_000).contains(&v.opened_ns))
-            .min_by_key(|v| v.opened_ns);
-        match first {
+        match first_violation(violations, onset, end) {
             Some(v) => {
                 detected += 1;
-                let top = v.attribution.as_ref().and_then(|at| at.top());
-                let want = a["expect"]["op"].as_str().unwrap_or("");
-                if top.is_some_and(|c| !want.is_empty() && *c.op == *want) {
-                    top1 += 1;
-                }
+                top1 += usize::from(named(v, &a));
             }
             None => problems.push(format!(
                 "{name}: no violation opened for {} (step time {effect:.2}x)",
@@ -178,11 +190,7 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
         let truth = a["fixture"]["true_steps"].as_u64().unwrap_or(0);
         let got = r.process.iterations.len() as u64;
         within += usize::from(truth > 0 && got.abs_diff(truth) * 100 <= truth);
-        let violations = r
-            .process
-            .slo
-            .as_ref()
-            .map_or(&[][..], |s| &s.violations[..]);
+        let violations = violations_of(&r);
         if a["kind"] == "healthy" {
             detect_quiet += usize::from(violations.is_empty());
             continue;
@@ -193,13 +201,8 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
         if a["effect"]["ratio"].as_f64().unwrap_or(0.0) < 1.10 {
             continue;
         }
-        let want = a["expect"]["op"].as_str().unwrap_or("");
-        let top = violations
-            .iter()
-            .filter(|v| (onset..=end + 6_000_000_000).contains(&v.opened_ns))
-            .min_by_key(|v| v.opened_ns)
-            .and_then(|v| v.attribution.as_ref()?.top().map(|c| c.op.to_string()));
-        detect_top1 += usize::from(!want.is_empty() && top.as_deref() == Some(want));
+        detect_top1 +=
+            usize::from(first_violation(violations, onset, end).is_some_and(|v| named(v, &a)));
     }
     let _ = std::fs::remove_dir_all(&tmp);
     eprintln!(

@@ -1373,7 +1373,7 @@ impl TraceAssembler {
         self.next_detected += windows.len() as u64;
         let cut = windows.last().map(|w| w.2);
         if let Some(cut) = cut {
-            self.cycle.retire(&self.pending, cut);
+            self.cycle.retire(cut);
         }
         let out = self.cut(&windows, false, false);
         if flush {

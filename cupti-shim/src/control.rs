@@ -158,6 +158,11 @@ impl Drain {
     }
 }
 
+/// Whether CUPTI traces kernels at `depth` (kernels or nodes; not off, not timing).
+pub(crate) fn traces_kernels(depth: u32) -> bool {
+    depth != DEPTH_OFF && depth >= DEPTH_KERNELS
+}
+
 /// Whether a runtime callback id is a copy or fill (`RUNTIME_COPY_CBIDS`).
 pub fn is_copy(domain: u32, cbid: u32) -> bool {
     domain == DOMAIN_RUNTIME && RUNTIME_COPY_CBIDS.contains(&cbid)
@@ -321,7 +326,7 @@ impl Shim {
     ) -> Result<(), ShimError> {
         let t0 = now_ns();
         let sub = self.subscriber.load(Ordering::Acquire);
-        let had_kernels = c.applied.depth != DEPTH_OFF && c.applied.depth >= DEPTH_KERNELS;
+        let had_kernels = traces_kernels(c.applied.depth);
         // SAFETY: `sub` is the shim's subscriber (or null in activity-only mode).
         let r = unsafe { switch_cupti(api, sub, &mut c.applied, depth, domains) };
         if r.is_ok()
@@ -349,7 +354,7 @@ impl Shim {
     /// step markers read, the counters.
     pub(crate) fn record_depth(&self, from_ns: u64, depth: u32, reason: u32) {
         self.depth_now.store(depth, Ordering::Relaxed);
-        let kernels = depth != DEPTH_OFF && depth >= DEPTH_KERNELS;
+        let kernels = traces_kernels(depth);
         self.set_status(STATUS_KERNELS, kernels);
         self.set_status(STATUS_DIAGNOSTIC, depth == DEPTH_NODES);
         self.counters.depth_changes.fetch_add(1, Ordering::Relaxed);
@@ -456,22 +461,22 @@ impl Shim {
         }
         let mut before = now_ns();
         if plan.depth != from.depth || domains != from.domains {
-            let kernels = |d: u32| d != DEPTH_OFF && d >= DEPTH_KERNELS;
-            let r = if self.drain.enabled && kernels(plan.depth) != kernels(from.depth) {
-                let (r, drained) = self.drain.at_drained(|| {
-                    before = now_ns();
-                    self.switch(api, c, plan.depth, domains)
-                });
-                let n = if drained {
-                    &self.counters.drained_switches
+            let r =
+                if self.drain.enabled && traces_kernels(plan.depth) != traces_kernels(from.depth) {
+                    let (r, drained) = self.drain.at_drained(|| {
+                        before = now_ns();
+                        self.switch(api, c, plan.depth, domains)
+                    });
+                    let n = if drained {
+                        &self.counters.drained_switches
+                    } else {
+                        &self.counters.drain_timeouts
+                    };
+                    n.fetch_add(1, Ordering::Relaxed);
+                    r
                 } else {
-                    &self.counters.drain_timeouts
+                    self.switch(api, c, plan.depth, domains)
                 };
-                n.fetch_add(1, Ordering::Relaxed);
-                r
-            } else {
-                self.switch(api, c, plan.depth, domains)
-            };
             if let Err(e) = r {
                 // Retried at every tick: said the first few times only.
                 if self.counters.switch_errors.fetch_add(1, Ordering::Relaxed) < 3 {

@@ -69,9 +69,8 @@ use crossbeam_queue::ArrayQueue;
 use error::ShimError;
 use slo_probe_common::{
     gpu::{
-        DEPTH_KERNELS, DEPTH_NODES, DEPTH_OFF, DEPTH_REASON_DEFAULT, DEPTH_TIMING,
-        KERNEL_DIAGNOSTIC, NODE_CLONED, NODE_CREATED, STEP_BEGIN, STEP_END, STRING_KERNEL,
-        STRING_MAX, STRING_OP,
+        DEPTH_NODES, DEPTH_OFF, DEPTH_REASON_DEFAULT, DEPTH_TIMING, KERNEL_DIAGNOSTIC, NODE_CLONED,
+        NODE_CREATED, STEP_BEGIN, STEP_END, STRING_KERNEL, STRING_MAX, STRING_OP,
     },
     ring::{
         encode_depth_request, encode_shim_depth, next_generation, DepthDuration, ShimDepth,
@@ -993,7 +992,7 @@ unsafe extern "C" fn buffer_requested(buf: *mut *mut u8, size: *mut usize, max: 
         // Kernels traced (or about to be: the switch enables the kind after this reads the
         // depth, and a small buffer then fills within a step): large buffers; else small.
         let d = s.depth_now.load(Ordering::Relaxed);
-        let large = d != DEPTH_OFF && d >= DEPTH_KERNELS;
+        let large = control::traces_kernels(d);
         let cfg = s.buffers_cfg;
         let (pool, bytes) = if large {
             (&s.buffers, cfg.large)

@@ -148,6 +148,8 @@ pub(super) struct CycleDetector {
     retired: usize,
     /// The anchor of the first token seen.
     first_ns: Option<u64>,
+    /// The tokens of the pending activities the last call looked at.
+    pending_tokens: Vec<(u64, u64)>,
 }
 
 /// Tokens a search may wait for before the first one is given up (at most [`WAIT_NS`]): a
@@ -166,8 +168,15 @@ impl CycleDetector {
     /// The boundaries among `pending` (sorted by anchor) at or before `horizon`.
     pub(super) fn boundaries(&mut self, pending: &[Activity], horizon: u64) -> Found {
         let toks = tokens(pending.iter().filter(|a| a.anchor_ns() <= horizon));
+        let found = self.find(&toks, horizon);
+        // What `retire` keeps comes from these: a cut is never past the horizon.
+        self.pending_tokens = toks;
+        found
+    }
+
+    fn find(&mut self, toks: &[(u64, u64)], horizon: u64) -> Found {
         if let Some(lock) = &self.lock {
-            let b = occurrences(&lock.anchor, &toks);
+            let b = occurrences(&lock.anchor, toks);
             let since = b.last().map_or(toks.len(), |&(i, _)| toks.len() - i);
             if since <= LOST_AFTER_PERIODS * lock.period {
                 return Found::Boundaries(ascending(&b));
@@ -200,7 +209,7 @@ impl CycleDetector {
         match &self.lock {
             Some(lock) => {
                 self.failed_at = None;
-                Found::Boundaries(ascending(&occurrences(&lock.anchor, &toks)))
+                Found::Boundaries(ascending(&occurrences(&lock.anchor, toks)))
             }
             None => {
                 self.failed_at = Some(seen);
@@ -213,10 +222,10 @@ impl CycleDetector {
         }
     }
 
-    /// Keeps the tokens of activities cut into iterations (the first of `pending`, up to but
-    /// not including anchor `cut`) for the next search.
-    pub(super) fn retire(&mut self, pending: &[Activity], cut: u64) {
-        for t in tokens(pending.iter().take_while(|a| a.anchor_ns() < cut)) {
+    /// Keeps the tokens of activities cut into iterations (those before anchor `cut`, a time
+    /// at or before the last call's horizon) for the next search.
+    pub(super) fn retire(&mut self, cut: u64) {
+        for &t in self.pending_tokens.iter().filter(|t| t.1 < cut) {
             if self.history.len() >= HISTORY_TOKENS {
                 self.history.pop_front();
             }
@@ -395,7 +404,7 @@ mod tests {
         let mut d = CycleDetector::default();
         let first = found(d.boundaries(&v[..120], u64::MAX)).expect("a period");
         let cut = *first.last().expect("boundaries");
-        d.retire(&v, cut);
+        d.retire(cut);
         let from = v.partition_point(|a| a.anchor_ns() < cut);
         let second = found(d.boundaries(&v[from..], u64::MAX)).expect("still locked");
         assert_eq!(second[0], cut);

@@ -480,12 +480,11 @@ impl NodeChange {
             return None;
         }
         let (b, a) = (verify::mean(before)?, verify::mean(after)?);
-        let worse = if higher_is_better { b - a } else { a - b };
         Some(Self {
             node: node.to_owned(),
             before: b,
             after: a,
-            worse_by: worse / b.abs().max(1e-9),
+            worse_by: verify::worsening(b, a, higher_is_better).1,
             windows: (before.len(), after.len()),
         })
     }
@@ -793,6 +792,24 @@ struct Action {
     since_ns: u64,
 }
 
+impl Action {
+    /// The guarded SLO nodes other than the violated one with values on both sides of the
+    /// action: name, before, after, whether higher is better.
+    fn guarded<'a>(
+        &'a self,
+        obs: &'a JobObservation,
+    ) -> impl Iterator<Item = (&'a String, &'a [f64], &'a [f64], bool)> + 'a {
+        obs.nodes
+            .iter()
+            .filter(|(name, n)| n.guarded && **name != self.violated_node)
+            .filter_map(|(name, n)| {
+                let b = self.before_nodes.get(name)?;
+                let af = self.after_nodes.get(name)?;
+                Some((name, &b[..], &af[..], n.higher_is_better))
+            })
+    }
+}
+
 /// A before window measured in a fault, kept for the next attempt at the same violation: a
 /// rollback restores the regime it was measured in.
 #[derive(Clone, Debug)]
@@ -969,6 +986,11 @@ impl Healer {
         (self.config.verify_blocks * self.config.block_iterations) as usize
     }
 
+    /// How many of the latest healthy iterations the baseline is computed from.
+    fn baseline_iterations(&self) -> usize {
+        DEFAULT_BASELINE_ITERATIONS.max(self.window_iterations())
+    }
+
     fn emit(&mut self, at_ns: u64, action: Option<u64>, event: Event) {
         let e = AuditEvent {
             at_ns,
@@ -1022,8 +1044,10 @@ impl Healer {
         }
         // The most recent healthy iterations (older ones are kept for a violation that reaches
         // back past the recent ones).
-        let n = DEFAULT_BASELINE_ITERATIONS.max(self.window_iterations());
-        let skip = self.healthy.len().saturating_sub(n);
+        let skip = self
+            .healthy
+            .len()
+            .saturating_sub(self.baseline_iterations());
         let iters: Vec<f64> = self.healthy.iter().skip(skip).map(|s| s.wall_ms).collect();
         let pick = |f: fn(&Tick) -> Option<f64>| -> Vec<f64> {
             self.healthy_ticks.iter().filter_map(f).collect()
@@ -1110,7 +1134,7 @@ impl Healer {
         while self.recent.len() > cap.max(64) {
             self.recent.pop_front();
         }
-        let keep = DEFAULT_BASELINE_ITERATIONS.max(self.window_iterations());
+        let keep = self.baseline_iterations();
         while self.healthy.len() > keep
             && (self.healthy.len() > MAX_HEALTHY
                 || self
@@ -1607,16 +1631,10 @@ impl Healer {
             reward: o.reward,
         };
         // Side effects on the other guarded nodes.
-        let side = obs
-            .nodes
-            .iter()
-            .filter(|(name, n)| n.guarded && **name != a.violated_node)
-            .find_map(|(name, n)| {
-                let b = a.before_nodes.get(name)?;
-                let af = a.after_nodes.get(name)?;
-                verify::side_effect(b, af, n.higher_is_better, cfg.side_effect_budget)
-                    .map(|w| (name.clone(), w))
-            });
+        let side = a.guarded(obs).find_map(|(name, b, af, higher_is_better)| {
+            verify::side_effect(b, af, higher_is_better, cfg.side_effect_budget)
+                .map(|w| (name.clone(), w))
+        });
         let worse = cmp.p_worse < cfg.alpha && -cmp.effect >= cfg.early_min_effect;
         // Futility: half the window in and no faster at all, the full window would not reach
         // the minimum effect; the job should not wait for it.
@@ -1663,13 +1681,10 @@ impl Healer {
         let Some(a) = self.action.take() else {
             return Decision::Nothing;
         };
-        let mut side_effects: Vec<NodeChange> = obs
-            .nodes
-            .iter()
-            .filter(|(name, n)| n.guarded && **name != a.violated_node)
-            .filter_map(|(name, n)| {
-                let b = a.before_nodes.get(name)?;
-                NodeChange::of(name, b, a.after_nodes.get(name)?, n.higher_is_better)
+        let mut side_effects: Vec<NodeChange> = a
+            .guarded(obs)
+            .filter_map(|(name, b, af, higher_is_better)| {
+                NodeChange::of(name, b, af, higher_is_better)
             })
             .collect();
         if let (Some(b), Some(af)) = (bound.gpu_util, m.and_then(|m| m.gpu_util)) {
@@ -1679,7 +1694,7 @@ impl Healer {
                 node: "gpu_utilisation".into(),
                 before: b,
                 after: af,
-                worse_by: (b - af) / b.abs().max(1e-9),
+                worse_by: verify::worsening(b, af, true).1,
                 windows: (0, a.after_gpu.len()),
             });
         }

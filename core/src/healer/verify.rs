@@ -156,8 +156,7 @@ pub fn side_effect(
         return None; // too few windows judged on a side to tell anything
     }
     let (mb, ma) = (mean(before)?, mean(after)?);
-    let worse_by = if higher_is_better { mb - ma } else { ma - mb };
-    let scale = mb.abs().max(1e-9);
+    let (worse_by, relative) = worsening(mb, ma, higher_is_better);
     let var = |v: &[f64], m: f64| {
         if v.len() < 2 {
             0.0
@@ -166,7 +165,18 @@ pub fn side_effect(
         }
     };
     let se = (var(before, mb) / before.len() as f64 + var(after, ma) / after.len() as f64).sqrt();
-    (worse_by / scale > budget && worse_by > 2.0 * se).then_some(worse_by / scale)
+    (relative > budget && worse_by > 2.0 * se).then_some(relative)
+}
+
+/// How much worse a value got from `before` to `after` (negative: better), in its unit and as
+/// a fraction of `before`.
+pub fn worsening(before: f64, after: f64, higher_is_better: bool) -> (f64, f64) {
+    let worse = if higher_is_better {
+        before - after
+    } else {
+        after - before
+    };
+    (worse, worse / before.abs().max(1e-9))
 }
 
 #[cfg(test)]
