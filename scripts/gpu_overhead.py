@@ -15,7 +15,9 @@ Modes (--run):
 
 Each finished unit (one size of an A/B, the toggle set, a pair run) is appended at once as one
 JSON line to --out, so that a run stopped by its deadline keeps what it measured. Block times
-are synchronised wall times (torch.cuda.synchronize before and after) divided by the steps.
+are synchronised wall times (torch.cuda.synchronize before and after) divided by the steps;
+each block also keeps its steps' host times (no sync between steps) and their median, the
+main thread's CPU time, its involuntary context switches and the host's stolen time.
 
 --dry-run: tiny sizes, few steps, CPU; without torch the steps are simulated (sleeps), which
 still exercises the blocks, the rotation, the shim calls and the output for the summary.
@@ -209,31 +211,70 @@ def instructions() -> Optional[int]:
     return _INSTR.read()
 
 
+def _steal_ticks() -> Optional[int]:
+    """The host's stolen CPU time so far (all CPUs, clock ticks; /proc/stat): time a hypervisor
+    gave to other guests while this one wanted to run."""
+    try:
+        with open("/proc/stat") as f:
+            v = f.readline().split()
+        return int(v[8]) if v[0] == "cpu" and len(v) > 8 else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _preemptions() -> Optional[int]:
+    """The calling thread's involuntary context switches so far."""
+    try:
+        import resource
+
+        return resource.getrusage(getattr(resource, "RUSAGE_THREAD", 1)).ru_nivcsw
+    except (ImportError, OSError, ValueError):
+        return None
+
+
 def run_steps(job: Job, n: int, per_step_sync: bool = False) -> Dict[str, Any]:
-    """n marked steps; the block's synchronised wall time, and per-step times when asked."""
+    """n marked steps; the block's synchronised wall time, and per-step times. Without
+    per_step_sync the per-step times are the host's (no sync between steps): a launch-bound job
+    steps at the host's pace, a GPU-bound one blocks in the allocator or at the queue's bound and
+    so steps at the GPU's; their median leaves out the host's spikes (preemption, a neighbour),
+    which the block's mean keeps."""
     times: List[float] = []
+    cpus: List[float] = []
     job.sync()
     t0 = time.perf_counter()
     c0 = time.thread_time()
     i0 = instructions()
-    last = t0
+    s0, p0 = _steal_ticks(), _preemptions()
+    last, clast = t0, c0
     for _ in range(n):
         with slo_probe.step():
             job.step()
         if per_step_sync:
             job.sync()
-            now = time.perf_counter()
-            times.append(now - last)
-            last = now
+        now, cnow = time.perf_counter(), time.thread_time()
+        times.append(now - last)
+        cpus.append(cnow - clast)
+        last, clast = now, cnow
     cpu = time.thread_time() - c0
     i1 = instructions()
+    s1, p1 = _steal_ticks(), _preemptions()
     job.sync()
     total = time.perf_counter() - t0
     # cpu_s: the main thread's CPU time per step before the final sync (where a launch-bound
     # job spends its step, and where CUPTI's per-launch cost lands), less noisy than the wall
     # time on a shared host: preemption and waits are not in it.
     instr = (i1 - i0) / n if i0 is not None and i1 is not None else None
-    return {"step_s": total / n, "cpu_s": cpu / n, "instr": instr, "steps": n, "per_step_s": times}
+    return {
+        "step_s": total / n,
+        "cpu_s": cpu / n,
+        "step_med_s": statistics.median(times) if times else None,
+        "cpu_med_s": statistics.median(cpus) if cpus else None,
+        "instr": instr,
+        "steps": n,
+        "per_step_s": times,
+        "steal_ticks": s1 - s0 if s0 is not None and s1 is not None else None,
+        "preemptions": p1 - p0 if p0 is not None and p1 is not None else None,
+    }
 
 
 def block(job: Job, cond: str, steps: int, warm: int, wait_s: float) -> Dict[str, Any]:
@@ -258,8 +299,9 @@ def block(job: Job, cond: str, steps: int, warm: int, wait_s: float) -> Dict[str
     if cond == "kernels":
         slo_probe.request_depth(0)
         info["depth_left"] = wait_depth(lambda d: d["reason"] != "script", wait_s)
-    info.update(step_s=r["step_s"], cpu_s=r["cpu_s"], instr=r["instr"], steps=steps,
-                counters=delta(c0, c1))
+    info.update(step_s=r["step_s"], cpu_s=r["cpu_s"], step_med_s=r["step_med_s"], cpu_med_s=r["cpu_med_s"],
+                instr=r["instr"], steps=steps, steal_ticks=r["steal_ticks"], preemptions=r["preemptions"],
+                host_step_us=[round(t * 1e6, 1) for t in r["per_step_s"]], counters=delta(c0, c1))
     return info
 
 
