@@ -8,10 +8,11 @@
 //! Asserted (what holds today): every recording replays; with step markers, iterations within
 //! 1% of the job's true steps; no traced iteration busier than its period on the GPU; every
 //! fault with a measured effect (step time ≥ 1.10× before) opens a violation between its onset
-//! and 6 s after its end; floors at what main reaches for the top-1 operator and for quiet
-//! healthy runs, with markers and without them (replayed again with the markers ignored, as a
-//! job that sends none: iterations within 1% in at least 45 of the 49 recordings). The bars
-//! (see bench/results/faults-h200.md) are not all met yet.
+//! and 6 s after its end; the top-1 bar (90%, the operator of the first attributed violation,
+//! exactly) with markers and without them (replayed again with the markers ignored, as a job
+//! that sends none: iterations within 1% in every recording), and floors at what main reaches
+//! for quiet healthy runs. The other bars (see bench/results/faults-h200.md) are not all met
+//! yet.
 
 use std::{path::Path, process::Command};
 
@@ -66,12 +67,29 @@ fn violations_of(r: &replay::Replayed) -> &[Violation] {
         .map_or(&[][..], |s| &s.violations[..])
 }
 
-/// The first violation a fault opened: from its onset to 6 s after its end.
-fn first_violation(violations: &[Violation], onset: u64, end: u64) -> Option<&Violation> {
+/// The violations a fault opened: from its onset to 6 s after its end.
+fn opened_by(violations: &[Violation], onset: u64, end: u64) -> impl Iterator<Item = &Violation> {
     violations
         .iter()
-        .filter(|v| (onset..=end + 6_000_000_000).contains(&v.opened_ns))
+        .filter(move |v| (onset..=end + 6_000_000_000).contains(&v.opened_ns))
+}
+
+/// The first violation a fault opened.
+fn first_violation(violations: &[Violation], onset: u64, end: u64) -> Option<&Violation> {
+    opened_by(violations, onset, end).min_by_key(|v| v.opened_ns)
+}
+
+/// The violation a fault is judged by, as `scripts/faults/summary.py` judges it: the first it
+/// opened with an attribution (a host node's violation names no operator).
+fn judged_violation(violations: &[Violation], onset: u64, end: u64) -> Option<&Violation> {
+    opened_by(violations, onset, end)
+        .filter(|v| v.attribution.as_ref().is_some_and(|a| a.top().is_some()))
         .min_by_key(|v| v.opened_ns)
+}
+
+/// Whether the violation a fault is judged by names the operator the answer expects.
+fn judged_right(violations: &[Violation], onset: u64, end: u64, a: &serde_json::Value) -> bool {
+    judged_violation(violations, onset, end).is_some_and(|v| named(v, a))
 }
 
 /// Whether a violation's top cause is the operator the answer expects (exactly).
@@ -166,9 +184,9 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
         }
         faults += 1;
         match first_violation(violations, onset, end) {
-            Some(v) => {
+            Some(_) => {
                 detected += 1;
-                top1 += usize::from(named(v, &a));
+                top1 += usize::from(judged_right(violations, onset, end, &a));
             }
             None => problems.push(format!(
                 "{name}: no violation opened for {} (step time {effect:.2}x)",
@@ -201,8 +219,7 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
         if a["effect"]["ratio"].as_f64().unwrap_or(0.0) < 1.10 {
             continue;
         }
-        detect_top1 +=
-            usize::from(first_violation(violations, onset, end).is_some_and(|v| named(v, &a)));
+        detect_top1 += usize::from(judged_right(violations, onset, end, &a));
     }
     let _ = std::fs::remove_dir_all(&tmp);
     eprintln!(
@@ -220,28 +237,26 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
         throttled_acted * 2 >= throttled && throttled > 0,
         "the shadow healer acted on {throttled_acted} of {throttled} throttled runs"
     );
-    // Floors at what main reaches today (the bars are 90% top-1 and every healthy run quiet):
-    // an engine change that loses a fault or wakes a healthy run fails here.
+    // The top-1 bar (90%, operator exactly), with markers and without; floors at what main
+    // reaches for quiet healthy runs (the bar is every one): an engine change that loses a
+    // fault or wakes a healthy run fails here.
     assert!(
-        top1 >= 20 && detected >= 25,
-        "top-1 {top1}/{detected} fell below the committed 20/25"
+        detected >= 25 && top1 * 10 >= detected * 9,
+        "top-1 {top1}/{detected} is below the 90% bar"
     );
     assert!(
         healthy_quiet >= 9,
         "healthy runs without a violation {healthy_quiet}/{healthy} fell below the committed 9"
     );
-    // Floors without markers too (the bars: iterations within 1% everywhere, 90% top-1).
+    // Without markers: iterations within 1% in every recording (the bar), and top-1 at 90%.
     assert!(
-        within >= 45,
-        "without markers, iterations within 1% in {within}/{n} (the committed floor is 45)"
+        within == n,
+        "without markers, iterations within 1% in only {within}/{n}"
     );
     assert!(
-        detect_top1 >= DETECT_TOP1_FLOOR && detect_quiet >= 10,
-        "without markers, top-1 {detect_top1} and healthy quiet {detect_quiet} fell below \
-         the committed {DETECT_TOP1_FLOOR} and 10"
+        detect_top1 * 10 >= faults * 9 && detect_quiet >= 10,
+        "without markers, top-1 {detect_top1}/{faults} (bar 90%) and healthy quiet {detect_quiet} \
+         (committed floor 10)"
     );
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
-
-/// Top-1 without markers at what main reaches (the test's strict count: the operator exactly).
-const DETECT_TOP1_FLOOR: usize = 21;

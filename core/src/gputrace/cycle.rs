@@ -74,13 +74,37 @@ fn token(a: &Activity, last_node_launch: &mut (u32, u32)) -> Option<u64> {
 /// on a stream start in the order they were launched, while the launch times the assembler
 /// places activities by are estimates for those launched without a stamp (on the H200, every
 /// copy of a launch-bound job: placed by the kernels' stamps around them, some a step away).
+///
+/// A stamp is no anchor where it cannot be the activity's own launch: after its GPU start, or
+/// shared with an earlier copy (CUPTI 13.0 repeats the previous record's correlation id after
+/// kernel activity was switched: on the H200, hundreds of copies of a launch-bound job carried
+/// one launch's stamp); such a token is anchored at its GPU start.
 fn tokens<'a>(acts: impl Iterator<Item = &'a Activity>) -> Vec<(u64, u64)> {
     let mut last = (0, 0);
-    let mut v: Vec<(u64, u64, u64)> = acts
-        .filter_map(|a| token(a, &mut last).map(|t| (a.start_ns, t, a.anchor_ns())))
+    let mut v: Vec<(u64, u64, u64, u32)> = acts
+        .filter_map(|a| {
+            token(a, &mut last).map(|t| {
+                let own = a.kind == ActivityKind::Memory && a.stamped_launch_ns() != 0;
+                (
+                    a.start_ns,
+                    t,
+                    a.anchor_ns().min(a.start_ns),
+                    if own { a.correlation_id } else { 0 },
+                )
+            })
+        })
         .collect();
     v.sort_by_key(|t| t.0);
-    v.into_iter().map(|(_, t, anchor)| (t, anchor)).collect()
+    let mut seen = rustc_hash::FxHashSet::default();
+    v.into_iter()
+        .map(|(start, t, anchor, corr)| {
+            if corr != 0 && !seen.insert(corr) {
+                (t, start)
+            } else {
+                (t, anchor)
+            }
+        })
+        .collect()
 }
 
 fn is_htod(t: u64) -> bool {
@@ -122,7 +146,42 @@ struct Lock {
     anchor: Vec<u64>,
 }
 
-/// Finds iteration boundaries in the always-traced activities (see the module docs).
+impl Lock {
+    /// Where the anchor occurs in `toks`, and where it should have occurred but a token of it
+    /// is missing (a copy record lost: on the H200, one of a launch-bound job's two batch copies
+    /// in one step of twenty): between two occurrences `m` periods apart, give or take a
+    /// quarter period, the token of the anchor nearest to each period's expected place.
+    fn occurrences(&self, toks: &[(u64, u64)]) -> Vec<(usize, u64)> {
+        let found = occurrences(&self.anchor, toks);
+        let p = self.period;
+        let mut out: Vec<(usize, u64)> = Vec::with_capacity(found.len());
+        for (k, &(i, t)) in found.iter().enumerate() {
+            out.push((i, t));
+            let Some(&(next, _)) = found.get(k + 1) else {
+                break;
+            };
+            let gap = next - i;
+            let m = (gap + p / 2) / p;
+            if m < 2 || gap.abs_diff(m * p) > p / 4 {
+                continue;
+            }
+            let mut last = i;
+            for step in 1..m {
+                let expect = i + step * p;
+                let near = (last + 1..next)
+                    .filter(|&j| self.anchor.contains(&toks[j].0))
+                    .filter(|&j| j.abs_diff(expect) <= p / 4)
+                    .min_by_key(|&j| (j.abs_diff(expect), j));
+                if let Some(j) = near {
+                    out.push((j, toks[j].1));
+                    last = j;
+                }
+            }
+        }
+        out
+    }
+}
+
 /// What [`CycleDetector::boundaries`] found.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Found {
@@ -176,7 +235,7 @@ impl CycleDetector {
 
     fn find(&mut self, toks: &[(u64, u64)], horizon: u64) -> Found {
         if let Some(lock) = &self.lock {
-            let b = occurrences(&lock.anchor, toks);
+            let b = lock.occurrences(toks);
             let since = b.last().map_or(toks.len(), |&(i, _)| toks.len() - i);
             if since <= LOST_AFTER_PERIODS * lock.period {
                 return Found::Boundaries(ascending(&b));
@@ -209,7 +268,7 @@ impl CycleDetector {
         match &self.lock {
             Some(lock) => {
                 self.failed_at = None;
-                Found::Boundaries(ascending(&occurrences(&lock.anchor, toks)))
+                Found::Boundaries(ascending(&lock.occurrences(toks)))
             }
             None => {
                 self.failed_at = Some(seen);
@@ -235,15 +294,32 @@ impl CycleDetector {
     }
 }
 
-/// The anchor times of `occurrences`, each later than the one before (an estimated launch can
-/// place a copy before the one the GPU ran ahead of it: it then marks no boundary).
+/// The anchor times of `occurrences` that rise with them: the longest run of them, in order,
+/// each later than the one before. An estimated launch can place a copy before the one the GPU
+/// ran ahead of it, or (a stamp of another launch) far after it: each such time is left out,
+/// and marks no boundary, without the times after it going too.
 fn ascending(occurrences: &[(usize, u64)]) -> Vec<u64> {
-    let mut out: Vec<u64> = Vec::with_capacity(occurrences.len());
-    for &(_, t) in occurrences {
-        if out.last().is_none_or(|&l| t > l) {
-            out.push(t);
+    let times: Vec<u64> = occurrences.iter().map(|o| o.1).collect();
+    // Patience sorting: `tails[l]` is the index ending the best rising run of length l + 1 so
+    // far, `prev` links each index to the one before it in its run.
+    let mut tails: Vec<usize> = Vec::new();
+    let mut prev: Vec<Option<usize>> = vec![None; times.len()];
+    for (i, &t) in times.iter().enumerate() {
+        let l = tails.partition_point(|&j| times[j] < t);
+        prev[i] = l.checked_sub(1).map(|k| tails[k]);
+        if l == tails.len() {
+            tails.push(i);
+        } else {
+            tails[l] = i;
         }
     }
+    let mut out = Vec::with_capacity(tails.len());
+    let mut at = tails.last().copied();
+    while let Some(i) = at {
+        out.push(times[i]);
+        at = prev[i];
+    }
+    out.reverse();
     out
 }
 
@@ -423,6 +499,50 @@ mod tests {
         // A run not complete at the horizon is no boundary yet.
         let b = found(d.boundaries(&v, horizon - 1)).expect("a period");
         assert_eq!(b.last(), Some(&v[29 * 5].launch_ns));
+    }
+
+    #[test]
+    fn a_lost_copy_does_not_merge_two_steps() {
+        // Two batch copies and eight fills a step, as the H200 suite's launch-bound GPT.
+        let mut v: Vec<Activity> = job(40, 8)
+            .into_iter()
+            .filter(|a| a.kind == ActivityKind::Memory)
+            .collect();
+        // Step 5's second batch copy never reached the agent, nor step 12's first.
+        v.remove(12 * 10);
+        v.remove(5 * 10 + 1);
+        let mut d = CycleDetector::default();
+        let b = found(d.boundaries(&v, u64::MAX)).expect("a period");
+        assert_eq!(d.lock.as_ref().map(|l| l.anchor.len()), Some(2));
+        assert_eq!(b.len(), 40);
+        // Step 12 starts at the copy that is left.
+        assert!(b.contains(&(v[12 * 10 - 1].launch_ns)));
+    }
+
+    #[test]
+    fn copies_sharing_one_stamp_are_anchored_at_their_start() {
+        let mut v = job(40, 8);
+        // From step 25 on, every copy and fill carries the correlation id and launch stamp of
+        // one earlier copy (CUPTI repeating a correlation id).
+        let stale = v[25 * 11];
+        for a in v[25 * 11..]
+            .iter_mut()
+            .filter(|a| a.kind == ActivityKind::Memory)
+        {
+            a.launch_ns = stale.launch_ns;
+            a.correlation_id = stale.correlation_id;
+        }
+        let mut d = CycleDetector::default();
+        let b = found(d.boundaries(&v, u64::MAX)).expect("a period");
+        assert_eq!(b.len(), 40);
+        // Later steps start at their first copy's GPU start.
+        assert_eq!(b[30], v[30 * 11].start_ns);
+    }
+
+    #[test]
+    fn a_late_anchor_drops_itself_not_the_boundaries_after_it() {
+        let occ: Vec<(usize, u64)> = [10, 20, 900, 30, 40, 50].into_iter().enumerate().collect();
+        assert_eq!(ascending(&occ), vec![10, 20, 30, 40, 50]);
     }
 
     #[test]
