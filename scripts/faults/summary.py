@@ -297,6 +297,11 @@ def report(rows: List[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
         out += [f"## Faults, {title}", ""] + lines + [""]
         healthy = [r for r in rows if r["answer"].get("kind") == "healthy" and variant in r["results"]]
         hv = [(r["name"], r["results"][variant].get("violations_total", 0)) for r in healthy]
+        # Healthy runs whose steps kept their pace (the job's own step times: under 1.10x before): a
+        # "healthy" segment that slowed by itself (B-12: +13% by its own step times, its loaders' run-queue wait x3) is
+        # a slowdown the agent should report.
+        paced = [(r["name"], r["results"][variant].get("violations_total", 0)) for r in healthy
+                 if ((r["answer"].get("effect") or {}).get("ratio") or 1.0) < 1.10]
         sh = [(r["name"], r["results"][variant].get("shadow_actions")) for r in healthy]
         sh = [(n, a) for n, a in sh if a is not None]
         iters = [r["results"][variant] for r in rows if variant in r["results"] and "iteration_error_pct" in r["results"][variant]]
@@ -305,6 +310,7 @@ def report(rows: List[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
         b = {
             "top1": bars["top1"], "detected": bars["detected"], "delay_le_5s": bars["delay_ok"], "sum_within_25pct": bars["sum_ok"],
             "healthy_without_violations": [sum(1 for _, v in hv if v == 0), len(hv)],
+            "paced_healthy_without_violations": [sum(1 for _, v in paced if v == 0), len(paced)],
             "healthy_without_shadow_actions": [sum(1 for _, a in sh if a == 0), len(sh)],
             "iterations_within_1pct": [it_ok, len(iters)],
             "max_util_pct": max(util) if util else None,
@@ -312,7 +318,8 @@ def report(rows: List[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
         summary["variants"][variant] = b
         pct = lambda x: f"{100.0 * x[0] / x[1]:.0f}% ({x[0]}/{x[1]})" if x[1] else "-"  # noqa: E731
         out += [f"Bars ({title}): top-1 {pct(b['top1'])} (bar 90%); detected {pct(b['detected'])}; detection <= 5 s {pct(b['delay_le_5s'])}; "
-                f"sums within ±25% {pct(b['sum_within_25pct'])}; healthy fixtures without a violation {pct(b['healthy_without_violations'])} (bar 100%); "
+                f"sums within ±25% {pct(b['sum_within_25pct'])}; healthy fixtures without a violation {pct(b['healthy_without_violations'])} (bar 100%; "
+                f"of those whose steps kept their pace {pct(b['paced_healthy_without_violations'])}); "
                 f"healthy fixtures on which the shadow healer took no action {pct(b['healthy_without_shadow_actions'])} (bar 100%); "
                 f"iterations within 1% of the true steps {pct(b['iterations_within_1pct'])}; largest iteration utilisation {b['max_util_pct']}% (bar 100%)", ""]
         if hv:
