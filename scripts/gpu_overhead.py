@@ -239,22 +239,20 @@ def run_steps(job: Job, n: int, per_step_sync: bool = False) -> Dict[str, Any]:
     so steps at the GPU's; their median leaves out the host's spikes (preemption, a neighbour),
     which the block's mean keeps."""
     times: List[float] = []
-    cpus: List[float] = []
     job.sync()
     t0 = time.perf_counter()
     c0 = time.thread_time()
     i0 = instructions()
     s0, p0 = _steal_ticks(), _preemptions()
-    last, clast = t0, c0
+    last = t0
     for _ in range(n):
         with slo_probe.step():
             job.step()
         if per_step_sync:
             job.sync()
-        now, cnow = time.perf_counter(), time.thread_time()
+        now = time.perf_counter()
         times.append(now - last)
-        cpus.append(cnow - clast)
-        last, clast = now, cnow
+        last = now
     cpu = time.thread_time() - c0
     i1 = instructions()
     s1, p1 = _steal_ticks(), _preemptions()
@@ -268,7 +266,6 @@ def run_steps(job: Job, n: int, per_step_sync: bool = False) -> Dict[str, Any]:
         "step_s": total / n,
         "cpu_s": cpu / n,
         "step_med_s": statistics.median(times) if times else None,
-        "cpu_med_s": statistics.median(cpus) if cpus else None,
         "instr": instr,
         "steps": n,
         "per_step_s": times,
@@ -299,7 +296,7 @@ def block(job: Job, cond: str, steps: int, warm: int, wait_s: float) -> Dict[str
     if cond == "kernels":
         slo_probe.request_depth(0)
         info["depth_left"] = wait_depth(lambda d: d["reason"] != "script", wait_s)
-    info.update(step_s=r["step_s"], cpu_s=r["cpu_s"], step_med_s=r["step_med_s"], cpu_med_s=r["cpu_med_s"],
+    info.update(step_s=r["step_s"], cpu_s=r["cpu_s"], step_med_s=r["step_med_s"],
                 instr=r["instr"], steps=steps, steal_ticks=r["steal_ticks"], preemptions=r["preemptions"],
                 host_step_us=[round(t * 1e6, 1) for t in r["per_step_s"]], counters=delta(c0, c1))
     return info

@@ -89,33 +89,24 @@ def ab_figures(rec: Dict[str, Any], prof: Optional[Dict[str, Any]]) -> Dict[str,
                        and r[cond].get(key) and r["released"].get(key)])
 
     no_window = lambda b: b.get("counters", {}).get("sampled_steps", 0) == 0  # noqa: E731
-    f["ratio"] = {
-        "default": paired("default"),
-        "default_no_window": paired("default", no_window),
-        "kernels": paired("kernels"),
-    }
-    # The same on the main thread's CPU time per step (blocks that carry it).
-    f["cpu_ratio"] = {
-        "default": paired("default", key="cpu_s"),
-        "default_no_window": paired("default", no_window, key="cpu_s"),
-        "kernels": paired("kernels", key="cpu_s"),
-    }
-    # The same on the median of each block's host step times (the host's spikes left out).
-    f["med_ratio"] = {
-        "default": paired("default", key="step_med_s"),
-        "default_no_window": paired("default", no_window, key="step_med_s"),
-        "kernels": paired("kernels", key="step_med_s"),
-    }
+
+    def ratios(key: str) -> Dict[str, Dict[str, float]]:
+        return {
+            "default": paired("default", key=key),
+            "default_no_window": paired("default", no_window, key=key),
+            "kernels": paired("kernels", key=key),
+        }
+
+    # Per block: its synchronised wall time per step; the main thread's CPU time per step (blocks
+    # that carry it); the median of its host step times (the host's spikes left out); the main
+    # thread's retired instructions per step (a perf_event counter).
+    for name, key in (("ratio", "step_s"), ("cpu_ratio", "cpu_s"), ("med_ratio", "step_med_s"),
+                      ("instr_ratio", "instr")):
+        f[name] = ratios(key)
     # What the host did to the blocks: stolen ticks and the main thread's preemptions per step.
     f["host_noise"] = {
         c: {k: spread([b[k] / b["steps"] for b in bs if b.get(k) is not None]) for k in ("steal_ticks", "preemptions")}
         for c, bs in by_cond.items()
-    }
-    # And on the main thread's retired instructions per step (a perf_event counter).
-    f["instr_ratio"] = {
-        "default": paired("default", key="instr"),
-        "default_no_window": paired("default", no_window, key="instr"),
-        "kernels": paired("kernels", key="instr"),
     }
     f["instr_per_step"] = {c: spread([b["instr"] for b in bs if b.get("instr")]) for c, bs in by_cond.items()}
     rel = f["step_ms"].get("released", {}).get("median")

@@ -276,16 +276,12 @@ def table(rows: List[Dict[str, Any]], variant: str) -> Tuple[List[str], Dict[str
         bars["top1"][1] += len(effective)
         bars["detected"][0] += sum(1 for _, y in effective if y.get("detected"))
         bars["detected"][1] += len(effective)
-        bars["delay_ok"][0] += sum(1 for d in delays if d <= 5.0)
-        bars["delay_ok"][1] += len(delays)
-        eff_delays = [y["delay_s"] for _, y in effective if y.get("delay_s") is not None]
-        bars["delay_ok_effective"][0] += sum(1 for d in eff_delays if d <= 5.0)
-        bars["delay_ok_effective"][1] += len(eff_delays)
-        bars["sum_ok"][0] += sum(sums)
-        bars["sum_ok"][1] += len(sums)
-        eff_sums = [y["sum_ok"] for _, y in effective if "sum_ok" in y]
-        bars["sum_ok_effective"][0] += sum(eff_sums)
-        bars["sum_ok_effective"][1] += len(eff_sums)
+        # Delay and sums over every fault, and over those with an effect.
+        for suffix, ys in (("", res), ("_effective", [y for _, y in effective])):
+            for bar, oks in (("delay_ok", [y["delay_s"] <= 5.0 for y in ys if y.get("delay_s") is not None]),
+                             ("sum_ok", [y["sum_ok"] for y in ys if "sum_ok" in y])):
+                bars[bar + suffix][0] += sum(oks)
+                bars[bar + suffix][1] += len(oks)
     return lines, bars
 
 

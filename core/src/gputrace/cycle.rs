@@ -19,6 +19,8 @@
 
 use std::collections::VecDeque;
 
+use rustc_hash::FxHashSet;
+
 use slo_probe_common::gpu::MEM_KIND_MEMSET;
 
 use super::{Activity, ActivityKind};
@@ -95,7 +97,7 @@ fn tokens<'a>(acts: impl Iterator<Item = &'a Activity>) -> Vec<(u64, u64)> {
         })
         .collect();
     v.sort_by_key(|t| t.0);
-    let mut seen = rustc_hash::FxHashSet::default();
+    let mut seen = FxHashSet::default();
     v.into_iter()
         .map(|(start, t, anchor, corr)| {
             if corr != 0 && !seen.insert(corr) {
@@ -155,22 +157,17 @@ impl Lock {
         let found = occurrences(&self.anchor, toks);
         let p = self.period;
         let mut out: Vec<(usize, u64)> = Vec::with_capacity(found.len());
-        for (k, &(i, t)) in found.iter().enumerate() {
-            out.push((i, t));
-            let Some(&(next, _)) = found.get(k + 1) else {
-                break;
-            };
-            let gap = next - i;
-            let m = (gap + p / 2) / p;
-            if m < 2 || gap.abs_diff(m * p) > p / 4 {
+        for w in found.windows(2) {
+            let (i, next) = (w[0].0, w[1].0);
+            out.push(w[0]);
+            let m = (next - i + p / 2) / p;
+            if m < 2 || (next - i).abs_diff(m * p) > p / 4 {
                 continue;
             }
             let mut last = i;
-            for step in 1..m {
-                let expect = i + step * p;
+            for expect in (1..m).map(|step| i + step * p) {
                 let near = (last + 1..next)
-                    .filter(|&j| self.anchor.contains(&toks[j].0))
-                    .filter(|&j| j.abs_diff(expect) <= p / 4)
+                    .filter(|&j| self.anchor.contains(&toks[j].0) && j.abs_diff(expect) <= p / 4)
                     .min_by_key(|&j| (j.abs_diff(expect), j));
                 if let Some(j) = near {
                     out.push((j, toks[j].1));
@@ -178,6 +175,7 @@ impl Lock {
                 }
             }
         }
+        out.extend(found.last());
         out
     }
 }

@@ -355,14 +355,15 @@ impl SloEngine {
     /// The job's step as learned: the baseline of the iteration's median node (else of any
     /// iteration node), ms.
     fn step_ms(&self) -> Option<f64> {
-        let iteration = |stat: Option<Stat>| {
-            self.nodes
-                .iter()
-                .filter(|n| n.spec.metric == Metric::IterationTime)
-                .filter(|n| stat.is_none_or(|s| n.spec.stat == s))
-                .find_map(|n| n.baseline)
-        };
-        iteration(Some(Stat::P50)).or_else(|| iteration(None))
+        let mut iteration = self
+            .nodes
+            .iter()
+            .filter(|n| n.spec.metric == Metric::IterationTime && n.baseline.is_some());
+        let first = iteration.clone().next();
+        iteration
+            .find(|n| n.spec.stat == Stat::P50)
+            .or(first)
+            .and_then(|n| n.baseline)
     }
 
     fn close(&mut self, start: u64, end: u64) {
