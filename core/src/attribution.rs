@@ -161,6 +161,8 @@ pub struct Profile {
     pub traced: u64,
     /// Wall time, ns.
     pub wall_ns: u64,
+    /// Wall time of the traced iterations alone, ns.
+    pub traced_wall_ns: u64,
     /// GPU idle before the first activity, ns.
     pub idle_before_ns: u64,
     /// Per operator.
@@ -226,6 +228,7 @@ impl Profile {
             return;
         }
         self.traced += 1;
+        self.traced_wall_ns = self.traced_wall_ns.saturating_add(it.step_ns());
         self.idle_before_ns = self.idle_before_ns.saturating_add(it.idle_before_first_ns);
         if let Some(c) = it.gpu.as_ref().and_then(|g| g.sm_clock_mhz) {
             self.sm_clock_mhz.0 += c;
@@ -256,6 +259,7 @@ impl Profile {
         self.iterations += o.iterations;
         self.traced += o.traced;
         self.wall_ns = self.wall_ns.saturating_add(o.wall_ns);
+        self.traced_wall_ns = self.traced_wall_ns.saturating_add(o.traced_wall_ns);
         self.idle_before_ns = self.idle_before_ns.saturating_add(o.idle_before_ns);
         self.overflowed += o.overflowed;
         self.sm_clock_mhz.0 += o.sm_clock_mhz.0;
@@ -455,6 +459,10 @@ pub fn attribute(baseline: &Profile, now: &Profile) -> Option<Attribution> {
         .first()
         .map(|c| host_causes(c.dimension, c.delta_ns, baseline, now))
         .unwrap_or_default();
+    // After the host causes, which are judged against what the traced iterations' records show.
+    if let Some(c) = causes.first_mut().filter(|c| c.op == LAUNCHES_OP) {
+        add_untraced_growth(c, baseline, now);
+    }
     if causes
         .first()
         .is_some_and(|c| c.dimension == Dimension::DataLoading)
@@ -818,6 +826,38 @@ fn starved_not_launching(
     *host = loading_host;
 }
 
+/// Launch gaps grown across the operators, the top cause, measured on the traced iterations
+/// alone: adds what all the window's iterations grew more than the traced ones. The shim traces
+/// kernels in sample windows, and a window holds a host-slowed job's short iterations more often
+/// than its long ones (an iteration spanning a throttled period seldom falls whole into one): on
+/// the H200 a throttled launch-bound GPT's traced iterations grew 6 ms where all grew 15 ms.
+/// Every iteration's wall time is known all the same; in a job whose GPU is idle most of the
+/// time (launch-bound), what an iteration grew is GPU idle, and with launches late across the
+/// operators, GPU idle between launches. Where the GPU is busy most of the time, an untraced
+/// iteration's growth may be GPU work as well, and nothing is added.
+fn add_untraced_growth(c: &mut Cause, baseline: &Profile, now: &Profile) {
+    let traced_mean = |p: &Profile| per(p.traced_wall_ns, p.traced);
+    if baseline.traced_wall_ns == 0
+        || now.traced_wall_ns == 0
+        || (baseline.traced == baseline.iterations && now.traced == now.iterations)
+    {
+        return;
+    }
+    let busy = |p: &Profile| per(p.ops.values().map(|o| o.critical_ns).sum(), p.traced);
+    if busy(baseline) > 0.5 * traced_mean(baseline) || busy(now) > 0.5 * traced_mean(now) {
+        return;
+    }
+    let all = now.mean_wall_ns() - baseline.mean_wall_ns();
+    let traced = traced_mean(now) - traced_mean(baseline);
+    let more = all - traced;
+    if more <= 0.0 {
+        return;
+    }
+    c.delta_ns += more;
+    c.gap_ns.1 += more;
+    let _ = write!(c.detail, "; {} more in the iterations not traced", ms(more));
+}
+
 /// Largest contribution first; ties by operator label, so the order never depends on input order.
 fn rank(causes: &mut [Cause]) {
     causes.sort_by(|a, b| {
@@ -1016,6 +1056,7 @@ mod tests {
             iterations,
             traced: iterations,
             wall_ns: iterations * 10_000_000,
+            traced_wall_ns: iterations * 10_000_000,
             idle_before_ns: idle * iterations,
             ..Default::default()
         };
@@ -1144,6 +1185,52 @@ mod tests {
         assert_eq!(host_of(13_000_000), Some("host.runqueue.main"));
         // 10 → 10.5 ms: a sixth of it, not the cause.
         assert_eq!(host_of(10_500_000), None);
+    }
+
+    /// `traced` of `iterations` traced, the untraced ones `untraced_ms` long.
+    fn sampled(mut p: Profile, iterations: u64, untraced_ms: u64) -> Profile {
+        p.wall_ns = p.traced_wall_ns + (iterations - p.traced) * untraced_ms * 1_000_000;
+        p.iterations = iterations;
+        p
+    }
+
+    #[test]
+    fn launches_late_everywhere_take_what_the_untraced_iterations_grew_in_a_launch_bound_job() {
+        // Launch-bound: 30 µs of GPU work in a 10 ms iteration.
+        let ops = |gap| -> Vec<_> {
+            ["a", "b", "c"]
+                .into_iter()
+                .map(|name| (name, C, 10_000, gap, 1.0))
+                .collect()
+        };
+        let base = sampled(profile(50, &ops(10_000), 0), 100, 10);
+        // The traced iterations grew 3 ms (1 ms of launch gaps before each operator); the
+        // untraced ones, 10 → 30 ms (a throttled period seldom falls whole into a sample).
+        let mut now = profile(10, &ops(1_010_000), 0);
+        now.traced_wall_ns = 10 * 13_000_000;
+        let now = sampled(now, 40, 30);
+        let a = attribute(&base, &now).expect("a");
+        let top = &a.causes[0];
+        assert_eq!(top.op, LAUNCHES_OP);
+        // All iterations grew (10 × 13 + 30 × 30) / 40 − 10 = 15.75 ms: 3 ms traced, 12.75 not.
+        assert!((top.delta_ns - 15_750_000.0).abs() < 1.0, "{top:?}");
+        assert!(top.detail.contains("not traced"), "{}", top.detail);
+
+        // GPU-bound (3 ms of each 10 ms iteration per operator): an untraced iteration's growth
+        // may be GPU work; only what the traced ones show.
+        let busy = |gap| -> Vec<_> {
+            ["a", "b", "c"]
+                .into_iter()
+                .map(|name| (name, C, 3_000_000, gap, 1.0))
+                .collect()
+        };
+        let base = sampled(profile(50, &busy(10_000), 0), 100, 10);
+        let mut now = profile(10, &busy(1_010_000), 0);
+        now.traced_wall_ns = 10 * 13_000_000;
+        let now = sampled(now, 40, 30);
+        let top = attribute(&base, &now).expect("a").causes[0].clone();
+        assert_eq!(top.op, LAUNCHES_OP);
+        assert!((top.delta_ns - 3_000_000.0).abs() < 1.0, "{top:?}");
     }
 
     #[test]
