@@ -120,6 +120,15 @@ fn violation_json(v: &slo_probe_core::slo::Violation) -> serde_json::Value {
         .attribution
         .as_ref()
         .map(|a| a.host.iter().map(|h| h.what.clone()).collect::<Vec<_>>());
+    // What the causes were measured over: the healthy windows' and the breaching windows' mean
+    // iteration time, and how many iterations (traced ones) each side had.
+    let compared = v.attribution.as_ref().map(|a| {
+        json!({
+            "iteration_ns": [a.iteration_ns.0, a.iteration_ns.1],
+            "iterations": [a.iterations.0, a.iterations.1],
+            "traced": [a.traced.0, a.traced.1],
+        })
+    });
     json!({
         "id": v.id,
         "node": v.node,
@@ -133,6 +142,7 @@ fn violation_json(v: &slo_probe_core::slo::Violation) -> serde_json::Value {
         "chain": v.chain,
         "causes": causes,
         "host_causes": host,
+        "compared": compared,
     })
 }
 
