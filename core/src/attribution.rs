@@ -1639,6 +1639,35 @@ mod tests {
             &nodes(14_500_000)
         ));
         assert_eq!(e.top().map(|c| c.op.as_str()), Some("adam"));
+        // Low occupancy inside a recaptured graph (the suite's A-04-ro and A-09-ro: the
+        // capture adds no node, only the launch configuration changes): the node-level
+        // iterations name the module and the occupancy dimension.
+        let occ = |mlp: u64, o: f64| NodeProfile {
+            iterations: 10,
+            ops: profile(
+                10,
+                &[
+                    ("blocks.1.attn", C, 8_000_000, 0, 0.5),
+                    ("blocks.2.mlp.act", C, mlp, 0, o),
+                ],
+                0,
+            )
+            .ops,
+        };
+        let mut o = attribute(&before, &switched).expect("attribution");
+        assert!(refine_graph_cause(
+            &mut o,
+            &before,
+            &switched,
+            &occ(2_000_000, 0.75),
+            &occ(5_000_000, 0.25)
+        ));
+        let top = o.top().expect("top");
+        assert_eq!(
+            (top.op.as_str(), top.dimension),
+            ("blocks.2.mlp.act", Dimension::Occupancy),
+            "{o:?}"
+        );
     }
 
     #[test]
