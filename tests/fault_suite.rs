@@ -11,8 +11,9 @@
 //! and 6 s after its end; the top-1 bar (90%, the operator of the first attributed violation,
 //! exactly) with markers and without them (replayed again with the markers ignored, as a job
 //! that sends none: iterations within 1% in every recording), and floors at what main reaches
-//! for quiet healthy runs. The other bars (see bench/results/faults-h200.md) are not all met
-//! yet.
+//! for quiet healthy runs; every fault with an effect has causes that add up to the change over
+//! the windows they were measured over within ±25%. The other bars (see
+//! bench/results/faults-h200.md) are not all met yet.
 
 use std::{path::Path, process::Command};
 
@@ -92,6 +93,18 @@ fn judged_right(violations: &[Violation], onset: u64, end: u64, a: &serde_json::
     judged_violation(violations, onset, end).is_some_and(|v| named(v, a))
 }
 
+/// Whether the judged violation's causes add up to the change of the mean iteration over the
+/// windows they were measured over, within ±25% (`window_sum_ok` of scripts/faults/summary.py).
+fn sums_up(violations: &[Violation], onset: u64, end: u64) -> bool {
+    judged_violation(violations, onset, end)
+        .and_then(|v| v.attribution.as_ref())
+        .is_some_and(|a| {
+            let change = a.iteration_ns.1 - a.iteration_ns.0;
+            let total: f64 = a.causes.iter().map(|c| c.delta_ns).sum();
+            change > 0.0 && (0.75..=1.25).contains(&(total / change))
+        })
+}
+
 /// Whether a violation's top cause is the operator the answer expects (exactly).
 fn named(v: &Violation, answer: &serde_json::Value) -> bool {
     let want = answer["expect"]["op"].as_str().unwrap_or("");
@@ -125,6 +138,7 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
     };
     let (mut n, mut faults, mut detected, mut top1, mut healthy_quiet, mut healthy) =
         (0, 0, 0, 0, 0, 0);
+    let mut summed = 0;
     let (mut throttled, mut throttled_acted) = (0, 0);
     let mut problems = Vec::new();
     for answer in answers(&tmp) {
@@ -187,6 +201,7 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
             Some(_) => {
                 detected += 1;
                 top1 += usize::from(judged_right(violations, onset, end, &a));
+                summed += usize::from(sums_up(violations, onset, end));
             }
             None => problems.push(format!(
                 "{name}: no violation opened for {} (step time {effect:.2}x)",
@@ -199,7 +214,7 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
         detect: true,
         ..opts.clone()
     };
-    let (mut within, mut detect_top1, mut detect_quiet) = (0, 0, 0);
+    let (mut within, mut detect_top1, mut detect_quiet, mut detect_summed) = (0, 0, 0, 0);
     for answer in answers(&tmp) {
         let Some((a, bin)) = fixture(&answer) else {
             continue;
@@ -220,16 +235,19 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
             continue;
         }
         detect_top1 += usize::from(judged_right(violations, onset, end, &a));
+        detect_summed += usize::from(sums_up(violations, onset, end));
     }
     let _ = std::fs::remove_dir_all(&tmp);
     eprintln!(
         "without markers: iterations within 1% of the true steps in {within}/{n}; top-1 \
-         operator {detect_top1}/{faults}; healthy runs without a violation {detect_quiet}/{healthy}"
+         operator {detect_top1}/{faults}; causes adding up to the change over their windows \
+         (±25%) {detect_summed}/{faults}; healthy runs without a violation \
+         {detect_quiet}/{healthy}"
     );
     eprintln!(
         "fault suite: {n} recordings; {detected}/{faults} faults with an effect detected; \
-         top-1 operator {top1}/{detected}; healthy runs without a violation \
-         {healthy_quiet}/{healthy}"
+         top-1 operator {top1}/{detected}; causes adding up to the change over their windows \
+         (±25%) {summed}/{faults}; healthy runs without a violation {healthy_quiet}/{healthy}"
     );
     eprintln!("shadow healer: acted on {throttled_acted} of {throttled} throttled runs");
     assert!(n >= 25, "only {n} fixtures found");
@@ -257,6 +275,13 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
         detect_top1 * 10 >= faults * 9 && detect_quiet >= 10,
         "without markers, top-1 {detect_top1}/{faults} (bar 90%) and healthy quiet {detect_quiet} \
          (committed floor 10)"
+    );
+    // The sum bar (±25%), against the change over the windows the causes were measured over,
+    // with and without markers: every fault with an effect, as main reaches it.
+    assert!(
+        summed == faults && detect_summed == faults,
+        "causes adding up to the change over their windows: {summed}/{faults} with markers, \
+         {detect_summed}/{faults} without (every one on main)"
     );
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
