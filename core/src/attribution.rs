@@ -372,6 +372,9 @@ pub fn attribute(baseline: &Profile, now: &Profile) -> Option<Attribution> {
     let mut causes: Vec<Cause> = Vec::new();
     let mut kinds: Vec<OpKind> = Vec::new();
     let mut gap_growth: Vec<f64> = Vec::new();
+    // Critical-path time each operator lost while its own GPU time did not shrink: work that
+    // another stream's grown work now covers (see `behind_grown`).
+    let mut covered = 0.0;
     let mut names: Vec<&OpName> = now.ops.keys().chain(baseline.ops.keys()).collect();
     names.sort();
     names.dedup();
@@ -386,6 +389,7 @@ pub fn attribute(baseline: &Profile, now: &Profile) -> Option<Attribution> {
         let gap = (per(b.gap_ns + b.wait_ns, nb), per(n.gap_ns + n.wait_ns, nn));
         let d_gpu = crit.1 - crit.0;
         let d_gap = gap.1 - gap.0;
+        covered += (-d_gpu - (gpu.0 - gpu.1).max(0.0)).max(0.0);
         gap_growth.push(d_gap.max(0.0));
         let kind = if n.count > 0 { n.kind } else { b.kind };
         let (dimension, detail) = classify(kind, b, n, (nb, nn), d_gpu, d_gap);
@@ -398,6 +402,9 @@ pub fn attribute(baseline: &Profile, now: &Profile) -> Option<Attribution> {
             gap_ns: gap,
             detail,
         });
+    }
+    if covered > 0.0 {
+        behind_grown(&mut causes, covered);
     }
     // CUDA graphs replayed whole: torch.compile captures a changed module as a new graph, so
     // the new graph shows whole and the old one gone. Their grown deltas share the graphs' net
@@ -884,6 +891,33 @@ fn into_idle_before(causes: &mut [Cause], kinds: &[OpKind], shrank: f64) -> f64 
     shrank - left
 }
 
+/// Work on one stream that grew over work on another (a slower collective over the backward
+/// kernels it overlaps): the timeline gives the critical path to the activity that started
+/// first, so the grown one gains all its new length and the work it now covers loses its part,
+/// a shrink that no grown cause offsets (only grown causes are listed). The grown operators'
+/// critical-path growth gives up `covered`, largest first: what they added to the iteration is
+/// only what reaches beyond the work that ran beside them.
+fn behind_grown(causes: &mut [Cause], covered: f64) {
+    let mut grown: Vec<usize> = (0..causes.len())
+        .filter(|&i| causes[i].delta_ns > 0.0 && causes[i].gpu_ns.1 > causes[i].gpu_ns.0)
+        .collect();
+    grown.sort_by(|&a, &b| causes[b].delta_ns.total_cmp(&causes[a].delta_ns));
+    let mut left = covered;
+    for i in grown {
+        let c = &mut causes[i];
+        let take = left.min(c.delta_ns).min(c.gpu_ns.1 - c.gpu_ns.0);
+        if take <= 0.0 {
+            continue;
+        }
+        c.delta_ns -= take;
+        left -= take;
+        let _ = write!(c.detail, "; {} of it over work beside it", ms(take));
+        if left <= 0.0 {
+            break;
+        }
+    }
+}
+
 /// Launch gaps grown across the operators, the top cause, measured on the traced iterations
 /// alone: adds what all the window's iterations grew more than the traced ones. The shim traces
 /// kernels in sample windows, and a window holds a host-slowed job's short iterations more often
@@ -1292,6 +1326,33 @@ mod tests {
         let now = profile(100, &ops(15_000_000), 8_700_000);
         let top = attribute(&base, &now).expect("a").causes[0].clone();
         assert!((top.delta_ns - 13_600_000.0).abs() < 1.0, "{top:?}");
+    }
+
+    #[test]
+    fn a_collective_that_grew_over_the_work_beside_it_costs_only_what_reaches_beyond() {
+        // An all-reduce on its own stream starts with the backward kernels: 1 ms over 5 ms of
+        // them; then 8 ms, the iteration 3 ms longer. The timeline gives the critical path to
+        // the all-reduce (it started first): 1 → 8 ms, the backward's 4 → 0 ms.
+        let ops = |ar: u64| [("bwd", C, 5_000_000, 0, 1.0), ("allreduce", C, ar, 0, 1.0)];
+        let crit = |mut p: Profile, bwd: u64, ar: u64| {
+            let n = p.traced;
+            for (name, c) in [("bwd", bwd), ("allreduce", ar)] {
+                p.ops
+                    .get_mut(&OpName(Arc::from(name)))
+                    .expect("op")
+                    .critical_ns = c * n;
+            }
+            p
+        };
+        let base = crit(profile(50, &ops(1_000_000), 0), 4_000_000, 1_000_000);
+        let now = crit(profile(50, &ops(8_000_000), 0), 0, 8_000_000);
+        let a = attribute(&base, &now).expect("a");
+        let top = &a.causes[0];
+        assert_eq!(top.op, "allreduce");
+        assert!((top.delta_ns - 3_000_000.0).abs() < 1.0, "{top:?}");
+        assert!(top.detail.contains("over work beside it"), "{}", top.detail);
+        let sum: f64 = a.causes.iter().map(|c| c.delta_ns).sum();
+        assert!((sum - 3_000_000.0).abs() < 1.0, "{a:?}");
     }
 
     #[test]
