@@ -1079,6 +1079,27 @@ mod tests {
             );
         }
         let sums_ok = faulty.iter().filter(summed).count();
+        let late: Vec<String> = faulty
+            .iter()
+            .filter(|o| o.latency_ns.is_none_or(|l| l > 5_000_000_000))
+            .map(|o| format!("{} seed {}: {:?}", o.kind, o.seed, o.latency_ns))
+            .collect();
+        let slowest = faulty
+            .iter()
+            .filter_map(|o| o.latency_ns)
+            .max()
+            .unwrap_or(0);
+        eprintln!(
+            "detected within 5 s of the onset: {}/{} (slowest {:.1} s){}",
+            faulty.len() - late.len(),
+            faulty.len(),
+            slowest as f64 / 1e9,
+            if late.is_empty() {
+                String::new()
+            } else {
+                format!("; late: {}", late.join(", "))
+            }
+        );
         let alarms = healthy.iter().filter(|o| !o.correct()).count();
         eprintln!(
             "known answers: {correct}/{} faulty cases top-1 correct ({:.1}%), {alarms}/{} healthy \
@@ -1102,6 +1123,8 @@ mod tests {
             "sums within ±25%: {sums_ok}/{}",
             faulty.len()
         );
+        // The detection bar: every fault within 5 s of its onset.
+        assert!(late.is_empty(), "detected late: {}", late.join(", "));
     }
 
     #[test]
