@@ -14,6 +14,15 @@
 //! thread kept off the CPU). The host deltas of the same windows, against the baseline's, give
 //! the cause behind the dimension: run-queue wait of the launching or loader threads, cgroup
 //! throttling, TCP retransmits on the communication sockets.
+//!
+//! Only grown contributions are listed, so a shrink that is the other side of a growth is
+//! offset against that growth before ranking, or the causes would add up to more than the
+//! iteration changed: work grown over work on another stream gives up the critical-path time it
+//! now covers (`behind_grown`); CUDA graphs share their net change (a recaptured module shows as
+//! a new graph and an old one gone); a slower batch copy gives up the idle time before the first
+//! kernel that it grew into (`into_idle_before`); idle time that moved from before other
+//! operators to before the first kernel is counted once. In a launch-bound job sampled by the
+//! shim, the launch gaps also take what the untraced iterations grew (`add_untraced_growth`).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
