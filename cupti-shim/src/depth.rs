@@ -20,7 +20,7 @@ use slo_probe_common::{
         DEPTH_KERNELS, DEPTH_NODES, DEPTH_REASON_AGENT, DEPTH_REASON_DEFAULT, DEPTH_REASON_SAMPLE,
         DEPTH_REASON_SCRIPT, DEPTH_TIMING,
     },
-    ring::{DepthDuration, ShimDepth, SHIM_COST_PER_KERNEL_RECORD_NS},
+    ring::{DepthDuration, ShimDepth, SHIM_COST_PER_KERNEL_RECORD_NS, SHIM_MIN_DRAIN_NS},
 };
 
 const MS: u64 = 1_000_000;
@@ -297,6 +297,10 @@ struct Window {
 
 /// The longest a window stays open after its steps for the GPU to catch up.
 pub const MAX_DRAIN_NS: u64 = 2 * SEC;
+
+/// The shortest a window of steps stays open after them (see [`SHIM_MIN_DRAIN_NS`]); what
+/// the drain costs is measured with the window's and sets the period, as the rest does.
+pub const MIN_DRAIN_NS: u64 = SHIM_MIN_DRAIN_NS;
 
 /// Default of [`Config::hold_lag_ns`].
 pub const HOLD_LAG_NS: u64 = 5 * MS;
@@ -673,7 +677,9 @@ impl Planner {
                     self.window = Some(w);
                 }
                 if launched && measured && w.drain_until.is_none() {
-                    w.drain_until = Some(o.now_ns + o.gpu_lag_ns.min(MAX_DRAIN_NS));
+                    // A timed window (100 ms) is long enough by itself.
+                    let least = if w.millis { 0 } else { MIN_DRAIN_NS };
+                    w.drain_until = Some(o.now_ns + o.gpu_lag_ns.clamp(least, MAX_DRAIN_NS));
                     self.window = Some(w);
                 }
                 let done = w.drain_until.is_some_and(|t| o.now_ns >= t);
@@ -997,7 +1003,8 @@ mod tests {
             "overhead {share:.4}: sampling far less than the budget allows"
         );
         // The opening hold ends at its first cost check (2 s of ~8.8 ms steps); the first
-        // window opens 10 steps later and lasts 5 complete steps (6 step ends).
+        // window opens 10 steps later and lasts 5 complete steps (6 step ends), then at least
+        // MIN_DRAIN_NS (3 steps).
         let (off, depth) = changes[0];
         assert_eq!(depth, DEPTH_TIMING);
         assert!(
@@ -1005,13 +1012,13 @@ mod tests {
             "opening hold ended at step {off}"
         );
         assert_eq!(changes[1], (off + 10, DEPTH_KERNELS));
-        assert_eq!(changes[2], (off + 16, DEPTH_TIMING));
+        assert_eq!(changes[2], (off + 19, DEPTH_TIMING));
         assert!(!p.held());
-        // Windows keep coming: one every ~165 steps (6 traced steps × 0.88 ms / (80% of 0.5% ×
+        // Windows keep coming: one every ~250 steps (9 traced steps × 0.88 ms / (80% of 0.5% ×
         // 8 ms)).
         let pub_ = p.published();
         assert!(!pub_.millis);
-        assert!((150..=175).contains(&pub_.period), "period {}", pub_.period);
+        assert!((230..=265).contains(&pub_.period), "period {}", pub_.period);
         assert!(job.sampled > 3_000, "{} sampled steps", job.sampled);
     }
 

@@ -389,8 +389,10 @@ fn depth_control_loop_against_a_fake_cupti() {
         calls[..start].contains("cb+ 2:41;") && calls[..start].contains("cb+ 2:51;"),
         "copy callbacks: {calls}"
     );
-    // Every sample window covered 3 complete steps + the one running when it opened: 4 step
-    // ends (5 when the flusher woke more than a step late, as on a loaded machine).
+    // Every sample window covered 3 complete steps + the one running when it opened (4 step
+    // ends), then stayed open MIN_DRAIN_NS (25 ms, ~6 steps of ~4 ms) so that the agent counts
+    // its steps as traced: about 10 step ends (8 to 13 on a loaded machine, whose sleeps and
+    // flusher wake-ups run late).
     let windows: Vec<(u64, u64)> = depths
         .windows(2)
         .filter(|w| (w[0].depth, w[0].reason) == (DEPTH_KERNELS, DEPTH_REASON_SAMPLE))
@@ -402,9 +404,8 @@ fn depth_control_loop_against_a_fake_cupti() {
         .map(|(from, to)| step_ends.iter().filter(|&&t| t > *from && t <= *to).count())
         .collect();
     eprintln!("step ends per window: {covered:?}");
-    assert!(covered.iter().all(|&n| n == 4 || n == 5), "{covered:?}");
     assert!(
-        covered.iter().filter(|&&n| n == 4).count() * 2 > covered.len(),
+        covered.iter().all(|&n| (8..=13).contains(&n)),
         "{covered:?}"
     );
     // The first window opened after step 10 (its 10th step end), the next 30 steps later.
