@@ -98,11 +98,8 @@ fn judged_right(violations: &[Violation], onset: u64, end: u64, a: &serde_json::
 fn sums_up(violations: &[Violation], onset: u64, end: u64) -> bool {
     judged_violation(violations, onset, end)
         .and_then(|v| v.attribution.as_ref())
-        .is_some_and(|a| {
-            let change = a.iteration_ns.1 - a.iteration_ns.0;
-            let total: f64 = a.causes.iter().map(|c| c.delta_ns).sum();
-            change > 0.0 && (0.75..=1.25).contains(&(total / change))
-        })
+        .and_then(|a| a.sum_ratio())
+        .is_some_and(|x| (0.75..=1.25).contains(&x))
 }
 
 /// Whether a violation's top cause is the operator the answer expects (exactly).

@@ -348,6 +348,14 @@ impl Attribution {
         self.causes.first()
     }
 
+    /// The causes' sum over the change of the mean iteration between the two sides they were
+    /// measured over (1.0: they account for the whole change); `None` when it did not grow.
+    pub fn sum_ratio(&self) -> Option<f64> {
+        let change = self.iteration_ns.1 - self.iteration_ns.0;
+        let total: f64 = self.causes.iter().map(|c| c.delta_ns).sum();
+        (change > 0.0).then(|| total / change)
+    }
+
     /// The causal chain, e.g. `iteration p99 +38% (17.3 ms → 23.9 ms) ← ncclDevKernel_AllReduce
     /// +6.4 ms per iteration (communication) ← 214 TCP retransmits on 10.0.0.1:41000 ->
     /// 10.0.0.2:29500`. `head` names the SLO and its change.
@@ -478,20 +486,16 @@ pub fn attribute(baseline: &Profile, now: &Profile) -> Option<Attribution> {
         delta_ns: loading,
         gpu_ns: (0.0, 0.0),
         gap_ns: idle,
-        detail: if moved > 0.0 {
-            format!(
-                "GPU idle before the first kernel {} → {} per iteration, {} of it moved from \
-                 before other operators",
-                ms(idle.0),
-                ms(idle.1),
-                ms(moved)
-            )
-        } else {
-            format!(
+        detail: {
+            let mut d = format!(
                 "GPU idle before the first kernel {} → {} per iteration",
                 ms(idle.0),
                 ms(idle.1)
-            )
+            );
+            if moved > 0.0 {
+                let _ = write!(d, ", {} of it moved from before other operators", ms(moved));
+            }
+            d
         },
     });
     rank(&mut causes);
@@ -874,30 +878,46 @@ fn starved_not_launching(
 /// it. On the H200 a convnet under CUDA graphs copying its batch from pageable memory: the copy
 /// 1.4 → 15 ms a step, the idle before the first kernel 8.7 → 0.6 ms, the step +5 ms.
 fn into_idle_before(causes: &mut [Cause], kinds: &[OpKind], shrank: f64) -> f64 {
-    let mut copies: Vec<usize> = (0..kinds.len())
+    let copies: Vec<usize> = (0..kinds.len())
         .filter(|&i| {
-            kinds[i] == OpKind::Memory
-                && causes[i].dimension == Dimension::MemoryBandwidth
-                && causes[i].delta_ns > 0.0
+            kinds[i] == OpKind::Memory && causes[i].dimension == Dimension::MemoryBandwidth
         })
         .collect();
-    copies.sort_by(|&a, &b| causes[b].delta_ns.total_cmp(&causes[a].delta_ns));
-    let mut left = shrank;
-    for i in copies {
+    take_off_largest(
+        causes,
+        copies,
+        shrank,
+        |c| c.delta_ns,
+        "into the GPU's idle time before the first kernel",
+    )
+}
+
+/// Takes up to `amount` ns off the grown causes among `candidates`, largest first, each at
+/// most `most(cause)`, and says so in their details ("; X of it {what}"). Returns what it took.
+fn take_off_largest(
+    causes: &mut [Cause],
+    mut candidates: Vec<usize>,
+    amount: f64,
+    most: impl Fn(&Cause) -> f64,
+    what: &str,
+) -> f64 {
+    candidates.retain(|&i| causes[i].delta_ns > 0.0);
+    candidates.sort_by(|&a, &b| causes[b].delta_ns.total_cmp(&causes[a].delta_ns));
+    let mut left = amount;
+    for i in candidates {
         let c = &mut causes[i];
-        let take = left.min(c.delta_ns);
+        let take = left.min(c.delta_ns).min(most(c));
         if take <= 0.0 {
-            break;
+            continue;
         }
         c.delta_ns -= take;
         left -= take;
-        let _ = write!(
-            c.detail,
-            "; {} of it into the GPU's idle time before the first kernel",
-            ms(take)
-        );
+        let _ = write!(c.detail, "; {} of it {what}", ms(take));
+        if left <= 0.0 {
+            break;
+        }
     }
-    shrank - left
+    amount - left
 }
 
 /// Work on one stream that grew over work on another (a slower collective over the backward
@@ -907,24 +927,9 @@ fn into_idle_before(causes: &mut [Cause], kinds: &[OpKind], shrank: f64) -> f64 
 /// critical-path growth gives up `covered`, largest first: what they added to the iteration is
 /// only what reaches beyond the work that ran beside them.
 fn behind_grown(causes: &mut [Cause], covered: f64) {
-    let mut grown: Vec<usize> = (0..causes.len())
-        .filter(|&i| causes[i].delta_ns > 0.0 && causes[i].gpu_ns.1 > causes[i].gpu_ns.0)
-        .collect();
-    grown.sort_by(|&a, &b| causes[b].delta_ns.total_cmp(&causes[a].delta_ns));
-    let mut left = covered;
-    for i in grown {
-        let c = &mut causes[i];
-        let take = left.min(c.delta_ns).min(c.gpu_ns.1 - c.gpu_ns.0);
-        if take <= 0.0 {
-            continue;
-        }
-        c.delta_ns -= take;
-        left -= take;
-        let _ = write!(c.detail, "; {} of it over work beside it", ms(take));
-        if left <= 0.0 {
-            break;
-        }
-    }
+    let all: Vec<usize> = (0..causes.len()).collect();
+    let growth = |c: &Cause| c.gpu_ns.1 - c.gpu_ns.0;
+    take_off_largest(causes, all, covered, growth, "over work beside it");
 }
 
 /// Launch gaps grown across the operators, the top cause, measured on the traced iterations
@@ -1399,20 +1404,25 @@ mod tests {
 
     #[test]
     fn launches_late_everywhere_take_what_the_untraced_iterations_grew_in_a_launch_bound_job() {
-        // Launch-bound: 30 µs of GPU work in a 10 ms iteration.
-        let ops = |gap| -> Vec<_> {
+        // Three operators of `gpu` ns each with `gap` ns of launch gap before each.
+        let ops = |gpu, gap| -> Vec<_> {
             ["a", "b", "c"]
                 .into_iter()
-                .map(|name| (name, C, 10_000, gap, 1.0))
+                .map(|name| (name, C, gpu, gap, 1.0))
                 .collect()
         };
-        let base = sampled(profile(50, &ops(10_000), 0), 100, 10);
-        // The traced iterations grew 3 ms (1 ms of launch gaps before each operator); the
-        // untraced ones, 10 → 30 ms (a throttled period seldom falls whole into a sample).
-        let mut now = profile(10, &ops(1_010_000), 0);
-        now.traced_wall_ns = 10 * 13_000_000;
-        let now = sampled(now, 40, 30);
-        let a = attribute(&base, &now).expect("a");
+        // 50 of 100 iterations traced, the untraced ones 10 ms.
+        let before = |gpu| sampled(profile(50, &ops(gpu, 10_000), 0), 100, 10);
+        // 10 of 40 traced, with 1 ms more of launch gap before each operator and `traced_ms`
+        // long; the untraced ones 10 → 30 ms (a throttled period seldom falls whole into a
+        // sample).
+        let after = |gpu, traced_ms: u64| {
+            let mut now = profile(10, &ops(gpu, 1_010_000), 0);
+            now.traced_wall_ns = 10 * traced_ms * 1_000_000;
+            sampled(now, 40, 30)
+        };
+        // Launch-bound: 30 µs of GPU work in a 10 ms iteration. The traced iterations grew 3 ms.
+        let a = attribute(&before(10_000), &after(10_000, 13)).expect("a");
         let top = &a.causes[0];
         assert_eq!(top.op, LAUNCHES_OP);
         // All iterations grew (10 × 13 + 30 × 30) / 40 − 10 = 15.75 ms: 3 ms traced, 12.75 not.
@@ -1420,26 +1430,19 @@ mod tests {
         assert!(top.detail.contains("not traced"), "{}", top.detail);
         // The traced iterations' launch gaps grew 3 ms while they grew 2 ms (something else 1 ms
         // shorter in them): they count for their share (10 of 40), the others for their growth.
-        let mut now = profile(10, &ops(1_010_000), 0);
-        now.traced_wall_ns = 10 * 12_000_000;
-        let now = sampled(now, 40, 30);
-        let top = attribute(&base, &now).expect("a").causes[0].clone();
+        let top = attribute(&before(10_000), &after(10_000, 12))
+            .expect("a")
+            .causes[0]
+            .clone();
         // All grew (10 × 12 + 30 × 30) / 40 − 10 = 15.5 ms; + 10/40 × (3 − 2) = 15.75 ms.
         assert!((top.delta_ns - 15_750_000.0).abs() < 1.0, "{top:?}");
 
         // GPU-bound (3 ms of each 10 ms iteration per operator): an untraced iteration's growth
         // may be GPU work; only what the traced ones show.
-        let busy = |gap| -> Vec<_> {
-            ["a", "b", "c"]
-                .into_iter()
-                .map(|name| (name, C, 3_000_000, gap, 1.0))
-                .collect()
-        };
-        let base = sampled(profile(50, &busy(10_000), 0), 100, 10);
-        let mut now = profile(10, &busy(1_010_000), 0);
-        now.traced_wall_ns = 10 * 13_000_000;
-        let now = sampled(now, 40, 30);
-        let top = attribute(&base, &now).expect("a").causes[0].clone();
+        let top = attribute(&before(3_000_000), &after(3_000_000, 13))
+            .expect("a")
+            .causes[0]
+            .clone();
         assert_eq!(top.op, LAUNCHES_OP);
         assert!((top.delta_ns - 3_000_000.0).abs() < 1.0, "{top:?}");
     }

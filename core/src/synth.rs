@@ -860,6 +860,11 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// Whether the causes add up to the iteration change within ±25% (the sum bar).
+    pub fn summed(&self) -> bool {
+        self.sum_ratio.is_some_and(|x| (0.75..=1.25).contains(&x))
+    }
+
     /// Whether the top cause names the injected operator and dimension (faulty cases), or no
     /// violation opened at all (healthy ones).
     pub fn correct(&self) -> bool {
@@ -937,35 +942,34 @@ pub fn sampled(trace: &Trace, period: u64, window: u64, raised: &[(u64, u64)]) -
     // the launches (switching under a deep queue strands the records): more than 5 ms or half
     // a step (`hold_lag_ns`), here the median over the job's first 2 s.
     let mut lags: Vec<u64> = Vec::new();
-    let mut begins: Vec<u64> = Vec::new();
+    let mut begins: Vec<(u64, u64)> = Vec::new(); // (step, begin)
     for r in RecordIter::new(&trace.records).flatten() {
         match r {
             AnyRecord::GpuKernel(k) if k.launch_ns < T0 + HOLD_AT_START_NS => {
                 lags.push(k.end_ns.saturating_sub(k.launch_ns));
             }
-            AnyRecord::Step(st) if st.phase == STEP_BEGIN && st.ts_ns < T0 + HOLD_AT_START_NS => {
-                begins.push(st.ts_ns);
-            }
+            AnyRecord::Step(st) if st.phase == STEP_BEGIN => begins.push((st.step, st.ts_ns)),
             _ => {}
         }
     }
     lags.sort_unstable();
     let lag = lags.get(lags.len() / 2).copied().unwrap_or(0);
-    let step = match (begins.first(), begins.last()) {
-        (Some(a), Some(b)) if begins.len() > 1 => (b - a) / (begins.len() as u64 - 1),
+    let early: Vec<u64> = begins
+        .iter()
+        .map(|b| b.1)
+        .take_while(|&t| t < T0 + HOLD_AT_START_NS)
+        .collect();
+    let step = match early.as_slice() {
+        [a, .., b] => (b - a) / (early.len() as u64 - 1),
         _ => 0,
     };
     let held = lag > (5 * 1_000_000u64).max(step / 2);
     let mut open: Option<u64> = held.then_some(T0);
-    for r in RecordIter::new(&trace.records).flatten() {
-        let AnyRecord::Step(st) = r else { continue };
-        if st.phase != STEP_BEGIN || held {
-            continue;
-        }
-        match (st.step % period < window, open) {
-            (true, None) => open = Some(st.ts_ns),
+    for &(n, ts) in begins.iter().filter(|_| !held) {
+        match (n % period < window, open) {
+            (true, None) => open = Some(ts),
             (false, Some(from)) => {
-                spans.push((from, st.ts_ns + SHIM_MIN_DRAIN_NS));
+                spans.push((from, ts + SHIM_MIN_DRAIN_NS));
                 open = None;
             }
             _ => {}
@@ -1113,11 +1117,9 @@ fn outcome(case: &Case, trace: &Trace, pipeline: &ProcessPipeline) -> Outcome {
             .map(|c| (c.op.clone(), c.dimension)),
         chain: first.map(|v| v.chain.clone()).unwrap_or_default(),
         latency_ns: first.map(|v| v.opened_ns - onset),
-        sum_ratio: first.and_then(|v| v.attribution.as_ref()).and_then(|a| {
-            let change = a.iteration_ns.1 - a.iteration_ns.0;
-            let total: f64 = a.causes.iter().map(|c| c.delta_ns).sum();
-            (change > 0.0).then(|| total / change)
-        }),
+        sum_ratio: first
+            .and_then(|v| v.attribution.as_ref())
+            .and_then(|a| a.sum_ratio()),
         kernels: trace.kernels,
         iterations: trace.iterations,
     }
@@ -1243,14 +1245,13 @@ mod tests {
             by_kind.push(format!("{kind}: {ok}/{} [{lo:.2}, {hi:.2}]", r.len()));
         }
         eprintln!("sums within ±25%: {}", by_kind.join(", "));
-        let summed = |o: &&&Outcome| o.sum_ratio.is_some_and(|x| (0.75..=1.25).contains(&x));
-        for o in faulty.iter().filter(|o| !summed(o)) {
+        for o in faulty.iter().filter(|o| !o.summed()) {
             eprintln!(
                 "sum off: {} seed {}: {:?} of the change\n  {}",
                 o.kind, o.seed, o.sum_ratio, o.chain
             );
         }
-        let sums_ok = faulty.iter().filter(summed).count();
+        let sums_ok = faulty.iter().filter(|o| o.summed()).count();
         let late: Vec<String> = faulty
             .iter()
             .filter(|o| o.latency_ns.is_none_or(|l| l > 5_000_000_000))
@@ -1314,10 +1315,7 @@ mod tests {
         for kind in KINDS {
             let of: Vec<&Outcome> = outcomes.iter().filter(|o| o.kind == kind).collect();
             let ok = of.iter().filter(|o| o.correct()).count();
-            let summed = of
-                .iter()
-                .filter(|o| o.sum_ratio.is_some_and(|x| (0.75..=1.25).contains(&x)))
-                .count();
+            let summed = of.iter().filter(|o| o.summed()).count();
             lines.push(format!("{kind}: {ok}/{} (sums {summed})", of.len()));
             for o in of.iter().filter(|o| !o.correct()) {
                 eprintln!(
@@ -1329,10 +1327,7 @@ mod tests {
         eprintln!("sampled known answers: {}", lines.join(", "));
         let faulty: Vec<&Outcome> = outcomes.iter().filter(|o| o.truth.is_some()).collect();
         let correct = faulty.iter().filter(|o| o.correct()).count();
-        let summed = faulty
-            .iter()
-            .filter(|o| o.sum_ratio.is_some_and(|x| (0.75..=1.25).contains(&x)))
-            .count();
+        let summed = faulty.iter().filter(|o| o.summed()).count();
         let alarms = outcomes
             .iter()
             .filter(|o| o.truth.is_none() && !o.correct())
