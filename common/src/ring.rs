@@ -83,11 +83,15 @@ pub const STATUS_RELEASED: u64 = 1 << 4;
 pub const STATUS_KERNELS: u64 = 1 << 5;
 
 /// Estimated time CUPTI itself spends on the launching thread per kernel record
-/// (`CONCURRENT_KERNEL` instrumentation), which the shim cannot measure: 1.5 µs, from the
-/// launch-loop measurements of shared/research/cupti.md §9 (3.5 µs → 4.9–5.3 µs per launch on
-/// an H200). To be calibrated with `scripts/gpu-overhead`; a shim started with
-/// `SLO_PROBE_RECORD_COST_NS` publishes its own figure in [`RingHeader::record_cost_ns`].
-pub const SHIM_COST_PER_KERNEL_RECORD_NS: u64 = 1_500;
+/// (`CONCURRENT_KERNEL` instrumentation), which the shim cannot measure: 4 µs. Calibrated with
+/// `scripts/gpu-overhead` on an H200 (CUDA 13.0, PyTorch 2.11) in the launch-bound regime,
+/// where the host's time per launch is the step time: depth 1 against CUPTI released, less the
+/// shim's own callback time, came to 4.08, 3.69 and 3.73 µs per record in three calls
+/// (2026-12-02, 2026-12-04, 2026-12-05; `bench/results/gpu-overhead-h200.md`). It was 1.5 µs
+/// before, from shared/research/cupti.md §9, so the duty cycle cost ~2.5× its budget there.
+/// A shim started with `SLO_PROBE_RECORD_COST_NS` publishes its own figure in
+/// [`RingHeader::record_cost_ns`].
+pub const SHIM_COST_PER_KERNEL_RECORD_NS: u64 = 4_000;
 
 /// The shortest a shim's sample window stays open after its steps, ns, even when the GPU keeps
 /// up with the launches. The agent counts an iteration as traced only if kernel tracing stayed

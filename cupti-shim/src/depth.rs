@@ -112,8 +112,11 @@ pub struct Config {
     /// See [`Planner`]: switching kernel activity off and on under a deep queue loses records.
     pub hold_lag_ns: u64,
     /// The hold ends when its estimated cost (callbacks plus `record_cost_ns` per launch) passes
-    /// this share of wall time (`SLO_PROBE_HOLD_MAX_PCT`, default 3 %); no new hold for
-    /// [`NO_HOLD_AFTER_COST_NS`] then.
+    /// this share of wall time (`SLO_PROBE_HOLD_MAX_PCT`, default 8 %); no new hold for
+    /// [`NO_HOLD_AFTER_COST_NS`] then. A hold's job runs behind on the GPU, where CUPTI's time
+    /// on the launching thread mostly hides behind the queue; 8% at 4 µs a record ends holds at
+    /// about the launch rate that 3% did at the 1.5 µs assumed before (2026-12-05), so the
+    /// recalibration moved no hold.
     pub hold_max_share: f64,
     /// Kernel tracing is on from the start and stays on until the queue is known
     /// (`SLO_PROBE_HOLD_AT_START`, default 1; 0: the first window opens at
@@ -137,7 +140,7 @@ impl Default for Config {
             first_window_ms: 2_000,
             domains: LaunchDomains::Auto,
             hold_lag_ns: HOLD_LAG_NS,
-            hold_max_share: 0.03,
+            hold_max_share: 0.08,
             hold_at_start: true,
         }
     }
@@ -901,7 +904,7 @@ mod tests {
             ("SLO_PROBE_HOLD_AT_START", "no"),
         ]));
         assert_eq!(c.hold_lag_ns, 20 * MS);
-        assert!((c.hold_max_share - 0.03).abs() < 1e-12);
+        assert!((c.hold_max_share - 0.08).abs() < 1e-12);
         assert!(c.hold_at_start);
         assert_eq!(bad.len(), 2);
         let (c, _) = Config::from_env(env(&[("SLO_PROBE_HOLD_AT_START", "0")]));
@@ -917,8 +920,9 @@ mod tests {
     }
 
     /// A simulated launch-bound job: 400 kernels per 8 ms step; with kernels traced each launch
-    /// costs the shim 0.7 µs in its callback and CUPTI 1.5 µs (≈ +11% per step, as measured on
-    /// the H200). The planner keeps the average under the 0.5% budget and samples regularly.
+    /// costs the shim 0.7 µs in its callback and CUPTI what the planner assumes (4 µs, as
+    /// calibrated on the H200). The planner keeps the average under the 0.5% budget and samples
+    /// regularly.
     struct Job {
         o: Observed,
         step_ns: u64,
@@ -940,7 +944,7 @@ mod tests {
                 step_ns,
                 kernels,
                 callback_per_launch: 700,
-                cupti_per_launch: 1_500,
+                cupti_per_launch: SHIM_COST_PER_KERNEL_RECORD_NS,
                 extra_ns: 0,
                 total_ns: 0,
                 sampled: 0,
@@ -1002,24 +1006,24 @@ mod tests {
             share >= 0.003,
             "overhead {share:.4}: sampling far less than the budget allows"
         );
-        // The opening hold ends at its first cost check (2 s of ~8.8 ms steps); the first
+        // The opening hold ends at its first cost check (2 s of ~9.9 ms steps); the first
         // window opens 10 steps later and lasts 5 complete steps (6 step ends), then at least
         // MIN_DRAIN_NS (3 steps).
         let (off, depth) = changes[0];
         assert_eq!(depth, DEPTH_TIMING);
         assert!(
-            (220..=232).contains(&off),
+            (205..=217).contains(&off),
             "opening hold ended at step {off}"
         );
         assert_eq!(changes[1], (off + 10, DEPTH_KERNELS));
         assert_eq!(changes[2], (off + 19, DEPTH_TIMING));
         assert!(!p.held());
-        // Windows keep coming: one every ~250 steps (9 traced steps × 0.88 ms / (80% of 0.5% ×
+        // Windows keep coming: one every ~530 steps (9 traced steps × 1.88 ms / (80% of 0.5% ×
         // 8 ms)).
         let pub_ = p.published();
         assert!(!pub_.millis);
-        assert!((230..=265).contains(&pub_.period), "period {}", pub_.period);
-        assert!(job.sampled > 3_000, "{} sampled steps", job.sampled);
+        assert!((500..=560).contains(&pub_.period), "period {}", pub_.period);
+        assert!(job.sampled > 1_500, "{} sampled steps", job.sampled);
     }
 
     /// A job whose CPU runs 3 ms ahead of its 30 ms steps (under the hold threshold): a
@@ -1109,9 +1113,9 @@ mod tests {
         let (t0, w0) = (job.total_ns, p.windows());
         run(&mut job, &mut p, 50_000);
         assert!(!p.held());
-        // Each window drains the 150 ms queue (19 more steps): a period of ~630 steps.
+        // Each window drains the 150 ms queue (19 more steps): a period of ~1,300 steps.
         assert!(
-            p.windows() > w0 + 50,
+            p.windows() > w0 + 30,
             "windows: {w0} then {}, {:?}",
             p.windows(),
             p.published()
@@ -1398,7 +1402,8 @@ mod tests {
         let plan = p.plan(&o);
         assert_eq!((plan.depth, plan.reason), (DEPTH_KERNELS, Reason::Sample));
         assert_eq!(plan.wake_ns, Some(3 * SEC + 100 * MS));
-        // 100 ms of a launch-bound job: 5000 launches, 11 ms of cost.
+        // 100 ms of a launch-bound job: 5000 launches, 23.5 ms of cost (0.7 µs callback and
+        // 4 µs CUPTI each).
         o.now_ns += 100 * MS;
         o.callback_ns += 5_000 * 700;
         o.kernel_launches += 5_000;
@@ -1407,9 +1412,9 @@ mod tests {
         assert_eq!(plan.depth, DEPTH_TIMING);
         let pub_ = p.published();
         assert!(pub_.millis);
-        // 11 ms / (80% of 0.5%) = 2.75 s.
-        assert_eq!(pub_.period, 2_750);
-        assert_eq!(plan.wake_ns, Some(3 * SEC + 2_750 * MS));
+        // 23.5 ms / (80% of 0.5%) = 5.875 s.
+        assert_eq!(pub_.period, 5_875);
+        assert_eq!(plan.wake_ns, Some(3 * SEC + 5_875 * MS));
         // Markers appear: sampling switches to steps.
         o.steps = 1;
         o.last_step_ns = o.now_ns;
