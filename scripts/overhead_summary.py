@@ -270,7 +270,7 @@ def report(run: Dict[str, Any], ab: List[Dict[str, Any]], pairs: List[Dict[str, 
             L.append(f"| {f['label']} | {lead}{pct(c.get('default', {}))} | "
                      f"{pct(c.get('default_no_window', {}))} | {pct(c.get('kernels', {}))} |")
         L.append("")
-    L.append("Depth 1 per kernel (the calibration of `SHIM_COST_PER_KERNEL_RECORD_NS`, 4000 ns assumed since 2026-12-05, 1500 ns before):")
+    L.append("Depth 1 per kernel (the calibration of `SHIM_COST_PER_KERNEL_RECORD_NS` in common/src/ring.rs):")
     L.append("")
     L.append("| job | extra ns per kernel | shim callback ns per kernel | implied CUPTI ns per record "
              "| launch callbacks per kernel | launch domains (1 driver, 2 runtime) | kernel hits driver / runtime |")
