@@ -15,6 +15,8 @@ enum Effect {
     Useless,
     /// Makes iterations this much slower still.
     Worse(f64),
+    /// At its mild level leaves the fault at this factor; at its strong level undoes it.
+    Partial(f64),
 }
 
 struct Sim {
@@ -25,6 +27,8 @@ struct Sim {
     noise: Rng,
     effect: fn(Strategy) -> Effect,
     in_force: Vec<Strategy>,
+    /// The level each strategy was last applied at.
+    levels: BTreeMap<Strategy, Level>,
     /// A guarded node ("compute", GPU utilisation %) and its value.
     gpu: f64,
     /// What applying a strategy does to GPU utilisation (multiplier).
@@ -57,6 +61,7 @@ impl Sim {
             noise: Rng::new(11),
             effect,
             in_force: Vec::new(),
+            levels: BTreeMap::new(),
             gpu: 90.0,
             gpu_effect: |_| 1.0,
             host: HostCause::RunqueueMain,
@@ -76,6 +81,10 @@ impl Sim {
                 Effect::Fixes => f = 1.0,
                 Effect::Useless => {}
                 Effect::Worse(x) => f *= x,
+                Effect::Partial(x) => match self.levels.get(s) {
+                    Some(Level::Strong) => f = 1.0,
+                    _ => f = f.min(x),
+                },
             }
         }
         self.base_ms * f
@@ -193,11 +202,15 @@ fn run(
         let step = h.observe(&obs);
         match &step.decision {
             Decision::Apply {
-                action, strategy, ..
+                action,
+                strategy,
+                level,
+                ..
             } => {
                 let o = report.clone().unwrap_or(Outcome::Applied);
                 if o == Outcome::Applied {
                     sim.in_force.push(*strategy);
+                    sim.levels.insert(*strategy, *level);
                 }
                 h.outcome(*action, o, sim.now);
             }
@@ -903,6 +916,93 @@ fn strategies_rolled_back_on_one_violation_may_be_tried_on_the_next() {
     sim.effect = isolation_fixes;
     sim.fault_on();
     let second = run(&mut h, &mut sim, 120, None);
+    assert_eq!(
+        sim.in_force,
+        vec![Strategy::NeighborIsolation],
+        "{second:?}"
+    );
+}
+
+/// A mild level that leaves the job 12% over its baseline, under the SLO's 15%: the violation
+/// closes, but the job is not back, so the strong level is tried and kept.
+#[test]
+fn a_mild_level_that_heals_in_part_is_followed_by_the_strong_one() {
+    let (mut h, mut sim) = healthy_start(|s| {
+        if s == Strategy::NeighborIsolation {
+            Effect::Partial(1.12)
+        } else {
+            Effect::Useless
+        }
+    });
+    sim.fault_on();
+    let d = run(&mut h, &mut sim, 150, None);
+    let applied: Vec<(Strategy, Level)> = d
+        .iter()
+        .filter_map(|(_, d)| match d {
+            Decision::Apply {
+                strategy, level, ..
+            } => Some((*strategy, *level)),
+            _ => None,
+        })
+        .collect();
+    let isolation = |l| applied.contains(&(Strategy::NeighborIsolation, l));
+    assert!(isolation(Level::Mild) && isolation(Level::Strong), "{d:?}");
+    assert!((sim.iteration_ms() - sim.base_ms).abs() < 1e-9, "{d:?}");
+    let kept = events(&h).iter().filter(|e| **e == "kept").count();
+    assert_eq!(kept, 2, "{:?}", events(&h));
+}
+
+/// A mild level that brings the job back within `min_effect` is not escalated.
+#[test]
+fn a_mild_level_that_heals_fully_stays_mild() {
+    let (mut h, mut sim) = healthy_start(|s| {
+        if s == Strategy::NeighborIsolation {
+            Effect::Partial(1.0)
+        } else {
+            Effect::Useless
+        }
+    });
+    sim.fault_on();
+    let d = run(&mut h, &mut sim, 150, None);
+    let strong = d.iter().any(|(_, d)| {
+        matches!(
+            d,
+            Decision::Apply {
+                level: Level::Strong,
+                ..
+            }
+        )
+    });
+    assert!(!strong, "{d:?}");
+    assert_eq!(sim.in_force, vec![Strategy::NeighborIsolation]);
+}
+
+/// A drift opens a violation that no strategy helps (each is rolled back); within the same
+/// open violation a real fault then makes the job 2.5x slower: a strategy rolled back against
+/// the drift is tried again, its 300 s cooldown notwithstanding.
+#[test]
+fn a_strategy_rolled_back_on_a_milder_slowdown_is_retried_when_the_job_gets_much_worse() {
+    let (mut h, mut sim) = healthy_start(|_| Effect::Useless);
+    sim.fault_on();
+    sim.fault = 1.3;
+    let first = run(&mut h, &mut sim, 60, None);
+    let reverted = first
+        .iter()
+        .filter(|(_, d)| {
+            matches!(
+                d,
+                Decision::Revert {
+                    strategy: Strategy::NeighborIsolation,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(reverted, 1, "{first:?}");
+    // The same violation (its start unchanged), now a fault that isolation undoes.
+    sim.fault = 3.0;
+    sim.effect = isolation_fixes;
+    let second = run(&mut h, &mut sim, 25, None);
     assert_eq!(
         sim.in_force,
         vec![Strategy::NeighborIsolation],
