@@ -121,6 +121,11 @@ pub enum Cmd {
         /// have done (nothing is written: a replay has no host to act on).
         #[arg(long)]
         no_heal: bool,
+        /// With host samples: feed each record when it reached the agent (the recording's
+        /// order) rather than at its end time, so that records CUPTI handed over late are judged
+        /// as late as the live agent got them.
+        #[arg(long)]
+        arrival: bool,
     },
     /// Work on GPU recordings (the <pid>.bin files of shim.record_dir).
     Recording {
@@ -359,6 +364,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             config,
             no_sidecars,
             no_heal,
+            arrival,
         } => {
             anyhow::ensure!(
                 window_ms.is_none_or(|w| (100..=3_600_000).contains(&w)),
@@ -392,6 +398,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 spec: config.map(|c| c.slo),
                 sidecars: !no_sidecars,
                 heal: (!no_heal).then(|| heal.healer_config()),
+                arrival,
             };
             let mut out = Vec::new();
             for (i, f) in files.iter().enumerate() {

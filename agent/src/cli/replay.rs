@@ -101,6 +101,13 @@ pub struct ReplayOptions {
     /// Run a shadow healer with these decision parameters at every tick (replays with host
     /// samples, which tick as the agent did).
     pub heal: Option<slo_probe_core::healer::HealerConfig>,
+    /// Feed each record when it reached the agent, not at its own end time: the recording is
+    /// in arrival order, so a record is taken to have arrived with the latest time seen in the
+    /// file up to it (a step marker or a record end). Records CUPTI handed over late (at a
+    /// flush, at the job's exit) then come as late as they came live, and a replay judges only
+    /// what the live agent had (the GPT under CUDA graphs of 2026-12-04: GPU records 10–13 s
+    /// behind the markers). Replays with host samples only.
+    pub arrival: bool,
 }
 
 /// What was recorded beside `path`: its host samples and NVML's, each in time order (empty
@@ -183,9 +190,19 @@ fn replay_live(
     let pid = pid_of(path);
     let mut records: Vec<(u64, AnyRecord<'_>)> = Vec::new();
     let mut iter = RecordIter::new(data);
+    let mut clock = 0;
     for r in iter.by_ref() {
         match r {
-            Ok(r) => records.push((pipeline::record_time(&r), r)),
+            Ok(r) => {
+                let t = pipeline::record_time(&r);
+                let at = if opts.arrival && t > 0 {
+                    clock = clock.max(t);
+                    clock
+                } else {
+                    t
+                };
+                records.push((at, r));
+            }
             Err(e) if records.is_empty() => {
                 return Err(ReplayError::NotARecording {
                     path: name,
@@ -197,7 +214,8 @@ fn replay_live(
     }
     let undecoded_bytes = iter.dropped_bytes();
     let count = records.len() as u64;
-    // Names and graph nodes (time 0) stay ahead of what uses them; the rest in arrival order.
+    // Names and graph nodes (time 0) stay ahead of what uses them; the rest by end time, or
+    // (`opts.arrival`) in the file's order, as they arrived.
     records.sort_by_key(|(at, _)| *at);
     let spec = match &opts.spec {
         Some(s) => s.clone(),
@@ -625,6 +643,71 @@ mod tests {
         let k = live.process.iterations.len();
         assert!((98..=101).contains(&k), "{k} iterations");
         assert!(trim(&src, &out, 0, 1).is_ok_and(|t| t.kept < 2_000));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Kernel records handed over at the job's exit (moved to the end of the file, as CUPTI
+    /// delivered the GPT's under CUDA graphs): by end time the replay still gives every
+    /// iteration its kernels; by arrival, iterations settle before they come, as live.
+    #[test]
+    fn an_arrival_replay_judges_late_records_as_late() {
+        let dir = tmp("arrival");
+        let data = std::fs::read(fixture("h200-eager.bin")).expect("fixture");
+        let (mut head, mut tail) = (Vec::new(), Vec::new());
+        let mut pos = 0;
+        while pos + 8 <= data.len() {
+            let kind = u16::from_le_bytes([data[pos], data[pos + 1]]);
+            let len = u32::from_le_bytes(data[pos + 4..pos + 8].try_into().expect("4")) as usize;
+            if len < 8 || pos + len > data.len() {
+                break;
+            }
+            let to = if kind == 0x0200 { &mut tail } else { &mut head };
+            to.extend_from_slice(&data[pos..pos + len]);
+            pos += len;
+        }
+        assert!(!tail.is_empty());
+        head.extend_from_slice(&tail);
+        let late = dir.join("78.bin");
+        std::fs::write(&late, &head).expect("write");
+        let whole = replay(&late, None, false, None).expect("replays");
+        let its: Vec<_> = whole.process.iterations.iter().collect();
+        let lines: String = (0..)
+            .map(|k| its[0].start_ns + k * 100_000_000)
+            .take_while(|&t| t <= its[its.len() - 1].end_ns)
+            .map(|at_ns| {
+                let h = HostSample {
+                    at_ns,
+                    ..Default::default()
+                };
+                serde_json::to_string(&h).expect("json") + "\n"
+            })
+            .collect();
+        std::fs::write(dir.join(format!("78{HOST_RECORDING}")), &lines).expect("write");
+        let kernels = |arrival| {
+            let r = replay_with(
+                &late,
+                &ReplayOptions {
+                    sidecars: true,
+                    arrival,
+                    ..Default::default()
+                },
+            )
+            .expect("replays as live");
+            let its = &r.process.iterations;
+            let with = its.iter().filter(|i| i.kernels > 0).count();
+            (with, its.len())
+        };
+        let (by_end, n) = kernels(false);
+        assert!(
+            by_end * 10 >= n * 9,
+            "{by_end} of {n} iterations with kernels"
+        );
+        let (by_arrival, n) = kernels(true);
+        // Only those still unsettled when the records came (the recording's last 1.5 s).
+        assert!(
+            by_arrival * 2 <= n,
+            "{by_arrival} of {n} iterations with kernels"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
