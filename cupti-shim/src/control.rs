@@ -309,6 +309,7 @@ impl Shim {
             callback_ns: r(&h.callback_ns),
             kernel_launches: r(&h.kernels_driver) + r(&h.kernels_runtime),
             kernel_records: r(&self.counters.kernel_records),
+            graph_records: r(&self.counters.graph_records),
             toggle_ns: r(&self.counters.toggle_ns),
             gpu_lag_ns: r(&self.counters.gpu_lag_ns),
         }

@@ -244,6 +244,9 @@ pub struct Observed {
     pub kernel_launches: u64,
     /// Kernel records delivered.
     pub kernel_records: u64,
+    /// Graph-launch records delivered (`GRAPH_TRACE`, at every depth but nodes): under CUDA
+    /// graphs they, not kernel records, show that CUPTI hands records over.
+    pub graph_records: u64,
     /// Time the flusher spent switching CUPTI, ns.
     pub toggle_ns: u64,
     /// How long after their launch kernels finish on the GPU lately (a CPU running ahead
@@ -340,7 +343,9 @@ pub const NO_RECORDS_NS: u64 = 30 * SEC;
 /// first cost check (2 s), a shallow queue after [`UNHOLD_AFTER_NS`]; the first window then
 /// comes `first_window_step` steps (or `first_window_ms`) later. A window whose launches bring
 /// no record back within [`MAX_DRAIN_NS`] is treated as a deep queue too (held, not switched
-/// off again), and a hold that brings no record back for [`NO_RECORDS_NS`] ends.
+/// off again), and a hold that brings no record back for [`NO_RECORDS_NS`] ends. Under CUDA
+/// graphs the graph-launch records (traced at every depth) count as records back, and their
+/// launch-to-end time as the lag: a graph job's queue is known before any window.
 #[derive(Debug)]
 pub struct Planner {
     cfg: Config,
@@ -588,7 +593,8 @@ impl Planner {
     /// [`UNHOLD_AFTER_NS`].
     fn update_hold(&mut self, mut h: Held, o: &Observed) {
         // The lag counts once records came back under the hold.
-        let back = o.kernel_records > h.from.kernel_records;
+        let back =
+            o.kernel_records > h.from.kernel_records || o.graph_records > h.from.graph_records;
         let low = back && self.hold_threshold().is_none_or(|t| o.gpu_lag_ns < t / 2);
         h.low_since = if low {
             h.low_since.or(Some(o.now_ns))
@@ -671,7 +677,8 @@ impl Planner {
                 // records where a threshold needs it: until one arrives (at most
                 // MAX_DRAIN_NS), the window stays open.
                 let threshold = self.hold_threshold();
-                let arrived = o.kernel_records > w.at.kernel_records;
+                let arrived =
+                    o.kernel_records > w.at.kernel_records || o.graph_records > w.at.graph_records;
                 let measured = arrived
                     || threshold.is_none()
                     || w.launched_at.is_some_and(|t| o.now_ns >= t + MAX_DRAIN_NS);
@@ -1231,6 +1238,47 @@ mod tests {
         let at = released.expect("released");
         let t = NO_RECORDS_NS / (30 * MS);
         assert!((t - 2..=t + 40).contains(&at), "released at step {at}");
+    }
+
+    /// A job under CUDA graphs: its kernels run inside graphs, which `GRAPH_TRACE` records at
+    /// every depth, and a few eager launches per step whose kernel records do not come back
+    /// yet. The graph records show that CUPTI hands records over and how deep the queue is, so
+    /// the opening hold does not end as barren after NO_RECORDS_NS (which would start the duty
+    /// cycle switching kernel activity under the queue).
+    #[test]
+    fn graph_records_keep_a_hold_under_a_deep_queue() {
+        let mut o = Observed {
+            now_ns: SEC,
+            gpu_lag_ns: 40 * MS,
+            ..Default::default()
+        };
+        let mut p = Planner::new(Config::default(), o.now_ns);
+        let mut depths = Vec::new();
+        for _ in 0..3_000 {
+            o.now_ns += 30 * MS;
+            o.steps += 1;
+            o.last_step_ns = o.now_ns;
+            o.kernel_launches += 20;
+            o.graph_records += 2;
+            depths.push(p.plan(&o).depth);
+        }
+        assert!(p.held(), "the hold ended under a 40 ms queue");
+        assert!(depths.iter().all(|&d| d == DEPTH_KERNELS), "switched");
+        // The same job without graph records: barren after NO_RECORDS_NS.
+        let mut o = Observed {
+            now_ns: SEC,
+            gpu_lag_ns: 40 * MS,
+            ..Default::default()
+        };
+        let mut p = Planner::new(Config::default(), o.now_ns);
+        for _ in 0..3_000 {
+            o.now_ns += 30 * MS;
+            o.steps += 1;
+            o.last_step_ns = o.now_ns;
+            o.kernel_launches += 20;
+            p.plan(&o);
+        }
+        assert!(!p.held());
     }
 
     /// A shallow queue (0.2 ms) that costs little: the opening hold ends after UNHOLD_AFTER_NS,

@@ -1087,6 +1087,13 @@ unsafe extern "C" fn buffer_completed(
                         if !ctx.tally.complete(g.start_ns, g.end_ns) {
                             continue;
                         }
+                        // A graph's launch is stamped at every depth: its lag tells the
+                        // planner how deep the queue is before any window switches kernel
+                        // activity under it.
+                        if g.launch_ns != 0 {
+                            let lag = g.end_ns.saturating_sub(g.launch_ns);
+                            ctx.tally.lag_max_ns = ctx.tally.lag_max_ns.max(lag);
+                        }
                         ctx.w.push(g.as_bytes());
                     }
                     activity::KIND_MEMCPY => {
