@@ -589,6 +589,21 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// Host samples every 100 ms from `first` to `last`, one JSON line each.
+    fn host_lines(first: u64, last: u64) -> String {
+        (0..)
+            .map(|k| first + k * 100_000_000)
+            .take_while(|&t| t <= last)
+            .map(|at_ns| {
+                let h = HostSample {
+                    at_ns,
+                    ..Default::default()
+                };
+                serde_json::to_string(&h).expect("json") + "\n"
+            })
+            .collect()
+    }
+
     fn tmp(tag: &str) -> PathBuf {
         let dir =
             std::env::temp_dir().join(format!("slo-probe-replay-{tag}-{}", std::process::id()));
@@ -604,18 +619,7 @@ mod tests {
         let whole = replay(&src, None, false, None).expect("replays");
         let its: Vec<_> = whole.process.iterations.iter().collect();
         let (from, to) = (its[100].start_ns, its[199].end_ns);
-        // Host samples every 100 ms over the recording, one per line.
-        let lines: String = (0..)
-            .map(|k| its[0].start_ns + k * 100_000_000)
-            .take_while(|&t| t <= its[299].end_ns)
-            .map(|at_ns| {
-                let h = HostSample {
-                    at_ns,
-                    ..Default::default()
-                };
-                serde_json::to_string(&h).expect("json") + "\n"
-            })
-            .collect();
+        let lines = host_lines(its[0].start_ns, its[299].end_ns);
         std::fs::write(dir.join(format!("77{HOST_RECORDING}")), &lines).expect("write");
         let out = dir.join("77-cut.bin");
         let t = trim(&src, &out, from, to).expect("trims");
@@ -671,17 +675,7 @@ mod tests {
         std::fs::write(&late, &head).expect("write");
         let whole = replay(&late, None, false, None).expect("replays");
         let its: Vec<_> = whole.process.iterations.iter().collect();
-        let lines: String = (0..)
-            .map(|k| its[0].start_ns + k * 100_000_000)
-            .take_while(|&t| t <= its[its.len() - 1].end_ns)
-            .map(|at_ns| {
-                let h = HostSample {
-                    at_ns,
-                    ..Default::default()
-                };
-                serde_json::to_string(&h).expect("json") + "\n"
-            })
-            .collect();
+        let lines = host_lines(its[0].start_ns, its[its.len() - 1].end_ns);
         std::fs::write(dir.join(format!("78{HOST_RECORDING}")), &lines).expect("write");
         let kernels = |arrival| {
             let r = replay_with(
