@@ -1341,10 +1341,12 @@ mod tests {
              healthy alarms {alarms}",
             n = faulty.len()
         );
-        // Floors at what main reaches (2026-12-05: 69/70, 57/70, 0 late, 0 alarms; without the
-        // shim's least drain after a window 59/70 and 56/70).
-        assert!(correct >= 69, "top-1 {correct}/{}", faulty.len());
-        assert!(summed >= 57, "sums within ±25% {summed}/{}", faulty.len());
+        // Floors at what main reaches (2026-12-05: 70/70, 67/70, 0 late, 0 alarms; before the
+        // GPU idle ahead of an iteration after an untraced one was left out, 69/70 and 57/70,
+        // the host contention's sums 6/10; without the shim's least drain after a window
+        // 59/70 and 56/70).
+        assert!(correct >= 70, "top-1 {correct}/{}", faulty.len());
+        assert!(summed >= 66, "sums within ±25% {summed}/{}", faulty.len());
         assert_eq!((late, alarms), (0, 0));
     }
 

@@ -308,6 +308,9 @@ impl SloEngine {
             .iter_mut()
             .filter(|n| n.spec.metric.per_iteration())
             .filter(|n| it.traced || !n.spec.metric.needs_kernels())
+            // GPU idle before the first kernel is known only after a whole iteration: after one
+            // whose kernels were not traced, the GPU's last work seen is older than its last.
+            .filter(|n| n.spec.metric != Metric::HostWait || it.gpu_period_whole)
         {
             let v = n.spec.metric.of(it);
             let scaled = (v * n.spec.metric.scale())
@@ -873,6 +876,7 @@ mod tests {
             end_ns,
             gpu_busy_ns: wall_ns * 9 / 10,
             idle_before_first_ns: wall_ns / 20,
+            gpu_period_whole: true,
             ..Default::default()
         }
     }
