@@ -172,9 +172,8 @@ pub struct Profile {
     pub wall_ns: u64,
     /// Wall time of the traced iterations alone, ns.
     pub traced_wall_ns: u64,
-    /// GPU idle before the first activity, ns, of the traced iterations that follow a whole one
-    /// ([`Iteration::gpu_period_whole`]): after one whose kernels were not traced, the GPU's
-    /// last known work is older than its real last work, and the idle time seen is too long.
+    /// GPU idle before the first activity, ns, of the traced iterations where it is known
+    /// ([`Iteration::idle_before_first`]).
     pub idle_before_ns: u64,
     /// The iterations `idle_before_ns` sums.
     pub idle_before_iterations: u64,
@@ -242,8 +241,8 @@ impl Profile {
         }
         self.traced += 1;
         self.traced_wall_ns = self.traced_wall_ns.saturating_add(it.step_ns());
-        if it.gpu_period_whole {
-            self.idle_before_ns = self.idle_before_ns.saturating_add(it.idle_before_first_ns);
+        if let Some(idle) = it.idle_before_first() {
+            self.idle_before_ns = self.idle_before_ns.saturating_add(idle);
             self.idle_before_iterations += 1;
         }
         if let Some(c) = it.gpu.as_ref().and_then(|g| g.sm_clock_mhz) {

@@ -308,9 +308,7 @@ impl SloEngine {
             .iter_mut()
             .filter(|n| n.spec.metric.per_iteration())
             .filter(|n| it.traced || !n.spec.metric.needs_kernels())
-            // GPU idle before the first kernel is known only after a whole iteration: after one
-            // whose kernels were not traced, the GPU's last work seen is older than its last.
-            .filter(|n| n.spec.metric != Metric::HostWait || it.gpu_period_whole)
+            .filter(|n| n.spec.metric != Metric::HostWait || it.idle_before_first().is_some())
         {
             let v = n.spec.metric.of(it);
             let scaled = (v * n.spec.metric.scale())
