@@ -447,6 +447,8 @@ fn retransmits_under_congestion_loss_match_the_kernel() {
             "ring records vs the connection's count"
         );
     } else {
-        assert!(segments < c.retransmits, "{segments} vs {}", c.retransmits);
+        // The dropped records may be other events' (or another connection's): at most the count
+        // (clean-clone CI 2026-12-05: 2 dropped, 1490 of 1490 segments in records).
+        assert!(segments <= c.retransmits, "{segments} vs {}", c.retransmits);
     }
 }
