@@ -310,6 +310,7 @@ impl Shim {
             kernel_launches: r(&h.kernels_driver) + r(&h.kernels_runtime),
             kernel_records: r(&self.counters.kernel_records),
             graph_records: r(&self.counters.graph_records),
+            graph_launches: r(&h.graphs_driver) + r(&h.graphs_runtime),
             toggle_ns: r(&self.counters.toggle_ns),
             gpu_lag_ns: r(&self.counters.gpu_lag_ns),
         }
@@ -433,8 +434,26 @@ impl Shim {
     /// wake time.
     pub(crate) fn apply_plan(&self, api: &Cupti, c: &mut Control, o: &Observed) -> Option<u64> {
         let was_held = c.planner.held();
+        let was_pinned = c.planner.pinned();
         let plan = c.planner.plan(o);
-        if c.planner.held() != was_held {
+        if c.planner.pinned() != was_pinned {
+            let n = self.counters.holds.fetch_add(1, Ordering::Relaxed);
+            if self.log || n < 4 {
+                if was_pinned {
+                    say!(
+                        "kernel tracing duty-cycled again under CUDA graphs: kept on, it costs \
+                         more than {:.0}% of the time (SLO_PROBE_HOLD_MAX_PCT)",
+                        c.planner.config().hold_max_share * 100.0
+                    );
+                } else {
+                    say!(
+                        "kernel tracing kept on: the process launches CUDA graphs, under which \
+                         switching kernel activity loses records (SLO_PROBE_GRAPH_FLOOR=0 \
+                         turns this off)"
+                    );
+                }
+            }
+        } else if c.planner.held() != was_held {
             let n = self.counters.holds.fetch_add(1, Ordering::Relaxed);
             if self.log || n < 4 {
                 if was_held {

@@ -123,6 +123,12 @@ pub struct Config {
     /// `first_window_step`). See [`Planner`]: even the first switch on under a deep queue
     /// strands the records.
     pub hold_at_start: bool,
+    /// Once the process launches a CUDA graph, kernel tracing stays on (depth 1 is the floor of
+    /// the duty cycle) until that costs more than [`Config::hold_max_share`]
+    /// (`SLO_PROBE_GRAPH_FLOOR`, default 1; 0: windows as for eager jobs). See [`Planner`]:
+    /// switching kernel activity under CUDA graphs with memory activity on stranded the records.
+    /// The shim turns it off where memory activity is off (`SLO_PROBE_MEM_ACTIVITY=0`).
+    pub graph_floor: bool,
 }
 
 impl Default for Config {
@@ -142,6 +148,7 @@ impl Default for Config {
             hold_lag_ns: HOLD_LAG_NS,
             hold_max_share: 0.08,
             hold_at_start: true,
+            graph_floor: true,
         }
     }
 }
@@ -210,6 +217,13 @@ impl Config {
                 _ => bad.push(("SLO_PROBE_HOLD_AT_START".into(), v)),
             }
         }
+        if let Some(v) = get("SLO_PROBE_GRAPH_FLOOR") {
+            match v.trim() {
+                "0" => c.graph_floor = false,
+                "1" => c.graph_floor = true,
+                _ => bad.push(("SLO_PROBE_GRAPH_FLOOR".into(), v)),
+            }
+        }
         if let Some(v) = get("SLO_PROBE_SAMPLE") {
             c.sampling = !(v == "0" || v.eq_ignore_ascii_case("false"));
         }
@@ -247,6 +261,8 @@ pub struct Observed {
     /// Graph-launch records delivered (`GRAPH_TRACE`, at every depth but nodes): under CUDA
     /// graphs they, not kernel records, show that CUPTI hands records over.
     pub graph_records: u64,
+    /// CUDA-graph launches (callbacks, at every depth: they do not wait for CUPTI's records).
+    pub graph_launches: u64,
     /// Time the flusher spent switching CUPTI, ns.
     pub toggle_ns: u64,
     /// How long after their launch kernels finish on the GPU lately (a CPU running ahead
@@ -346,6 +362,17 @@ pub const NO_RECORDS_NS: u64 = 30 * SEC;
 /// off again), and a hold that brings no record back for [`NO_RECORDS_NS`] ends. Under CUDA
 /// graphs the graph-launch records (traced at every depth) count as records back, and their
 /// launch-to-end time as the lag: a graph job's queue is known before any window.
+///
+/// Under CUDA graphs kernel tracing is *pinned* on from the process's first graph launch
+/// ([`Config::graph_floor`]). Measured on an H100 (GPT of the fault suite under
+/// `torch.compile(mode="reduce-overhead")`, 2026-12-05, `bench/results/faults-2026-12-05-h100`):
+/// with windows switching `CONCURRENT_KERNEL` while memcpy/memset activity was on, every GPU
+/// record (graph-level ones included) reached the agent only at the job's exit (lag p50 57 s);
+/// with memory activity off, or kernel tracing never switched off, all came within 0.4 s. The
+/// depth-1/depth-2 switches the agent asks for under the pin were among the latter. Under a
+/// graph the launching thread launches few kernels, so the pin costs little (reduce-overhead
+/// jobs of `scripts/gpu-overhead` stayed held at depth 1 all run, within noise of released);
+/// it ends, for the rest of the process, once it costs more than [`Config::hold_max_share`].
 #[derive(Debug)]
 pub struct Planner {
     cfg: Config,
@@ -369,6 +396,11 @@ pub struct Planner {
     held: Option<Held>,
     /// No hold before this time (one cost too much).
     no_hold_until: u64,
+    /// Kernel tracing pinned on because the process launches CUDA graphs: where its cost is
+    /// measured from.
+    pinned: Option<Observed>,
+    /// The pin cost too much once: no pin again.
+    pin_refused: bool,
 }
 
 /// Kernel tracing held on: since when the lag has stayed low, and where its cost is measured
@@ -403,6 +435,8 @@ impl Planner {
             windows: 0,
             held: None,
             no_hold_until: 0,
+            pinned: None,
+            pin_refused: false,
         };
         if p.cfg.hold_at_start && p.sampling() && p.hold_threshold().is_some() {
             let start = Observed {
@@ -422,6 +456,11 @@ impl Planner {
     /// Whether kernel tracing is held on because the GPU runs far behind the launches.
     pub fn held(&self) -> bool {
         self.held.is_some()
+    }
+
+    /// Whether kernel tracing is pinned on because the process launches CUDA graphs.
+    pub fn pinned(&self) -> bool {
+        self.pinned.is_some()
     }
 
     /// The lag from which kernel tracing is held on: the configured one, or half a step.
@@ -478,7 +517,7 @@ impl Planner {
 
     /// Where the shim publishes its duty cycle (depth and reason filled by the caller).
     pub fn published(&self) -> ShimDepth {
-        let sampling = self.sampling() && self.held.is_none();
+        let sampling = self.sampling() && self.held.is_none() && self.pinned.is_none();
         let (window, period) = match (sampling, self.millis) {
             (false, _) => (0, 0),
             (true, true) => (self.cfg.window_ms, self.period),
@@ -639,6 +678,26 @@ impl Planner {
         }
     }
 
+    /// While pinned: ends the pin, for good, once it costs more than the hold may.
+    fn update_pin(&mut self, from: Observed, o: &Observed) {
+        let wall = o.now_ns.saturating_sub(from.now_ns);
+        if wall < HOLD_COST_EVERY_NS {
+            return;
+        }
+        let cost = o.callback_ns.saturating_sub(from.callback_ns) as f64
+            + o.kernel_launches.saturating_sub(from.kernel_launches) as f64
+                * self.cfg.record_cost_ns as f64;
+        if cost / wall as f64 > self.cfg.hold_max_share {
+            self.pinned = None;
+            self.pin_refused = true;
+            self.quiet_since = Some(*o);
+            self.window_cost_ns = None;
+            self.schedule_next(o, None);
+        } else {
+            self.pinned = Some(*o);
+        }
+    }
+
     /// The depth wanted now.
     pub fn plan(&mut self, o: &Observed) -> Plan {
         for r in [&mut self.agent, &mut self.script] {
@@ -663,8 +722,22 @@ impl Planner {
             .agent
             .map_or(0, |r| r.depth)
             .max(self.script.map_or(0, |r| r.depth));
+        if self.sampling()
+            && self.cfg.graph_floor
+            && !self.pin_refused
+            && self.pinned.is_none()
+            && o.graph_launches > 0
+        {
+            // Kernels stay on from here: a hold or a window hands over without a switch.
+            self.pinned = Some(*o);
+            self.held = None;
+            self.window = None;
+            self.next = None;
+        }
         if self.sampling() {
-            if let Some(h) = self.held {
+            if let Some(from) = self.pinned {
+                self.update_pin(from, o);
+            } else if let Some(h) = self.held {
                 self.update_hold(h, o);
             } else if let Some(mut w) = self.window {
                 let launched = if w.millis {
@@ -747,7 +820,9 @@ impl Planner {
         let candidates = [
             (self.cfg.base, Reason::Default),
             (
-                if self.window.is_some() || (self.held.is_some() && self.sampling()) {
+                if self.window.is_some()
+                    || ((self.held.is_some() || self.pinned.is_some()) && self.sampling())
+                {
                     DEPTH_KERNELS
                 } else {
                     DEPTH_TIMING
@@ -771,8 +846,8 @@ impl Planner {
             // The first step marker switches sampling to steps at once.
             at_step(1);
         }
-        if self.sampling() && self.held.is_some() {
-            // Held: look at the lag again now and then.
+        if self.sampling() && (self.held.is_some() || self.pinned.is_some()) {
+            // Held or pinned: look at the lag (the cost) again now and then.
             at_ns(o.now_ns + SEC);
         } else if self.sampling() {
             match (self.window, self.next) {
@@ -916,6 +991,12 @@ mod tests {
         assert_eq!(bad.len(), 2);
         let (c, _) = Config::from_env(env(&[("SLO_PROBE_HOLD_AT_START", "0")]));
         assert!(!c.hold_at_start);
+        assert!(Config::default().graph_floor);
+        let (c, bad) = Config::from_env(env(&[("SLO_PROBE_GRAPH_FLOOR", "0")]));
+        assert!(!c.graph_floor && bad.is_empty());
+        let (c, bad) = Config::from_env(env(&[("SLO_PROBE_GRAPH_FLOOR", "off")]));
+        assert!(c.graph_floor);
+        assert_eq!(bad.len(), 1);
     }
 
     /// Windows only: no hold at the start.
@@ -939,6 +1020,8 @@ mod tests {
         extra_ns: u64,
         total_ns: u64,
         sampled: u64,
+        /// CUDA-graph launches per step (counted at every depth).
+        graphs: u64,
     }
 
     impl Job {
@@ -955,6 +1038,7 @@ mod tests {
                 extra_ns: 0,
                 total_ns: 0,
                 sampled: 0,
+                graphs: 0,
             }
         }
 
@@ -971,6 +1055,7 @@ mod tests {
                 self.o.kernel_records += self.kernels;
                 self.sampled += 1;
             }
+            self.o.graph_launches += self.graphs;
             self.total_ns += t;
             self.o.now_ns += t;
             self.o.steps += 1;
@@ -1279,6 +1364,97 @@ mod tests {
             p.plan(&o);
         }
         assert!(!p.held());
+    }
+
+    /// A job that compiles eagerly for a while (windows come and go), then replays CUDA graphs
+    /// with a few kernels outside them (the optimizer step of `reduce-overhead`): from its first
+    /// graph launch kernel tracing stays on, without a switch off, and no window is published.
+    #[test]
+    fn cuda_graphs_pin_kernel_tracing_on() {
+        let mut job = Job::new(5 * MS, 20);
+        let mut p = Planner::new(windows_first(), job.o.now_ns);
+        let before = run(&mut job, &mut p, 3_000);
+        assert!(
+            before.iter().any(|&(_, d)| d == DEPTH_TIMING) && p.windows() > 2,
+            "eager steps are duty-cycled: {before:?}"
+        );
+        assert!(!p.pinned());
+        job.graphs = 1;
+        let first_graph = job.o.steps;
+        let sampled = job.sampled;
+        let after = run(&mut job, &mut p, 20_000);
+        assert!(p.pinned(), "the pin ended at {:.1}% cost", 20.0 * 4.7 / 5.0);
+        // At most the raise (if the first graph launch came between windows), then nothing.
+        assert!(after.len() <= 1, "switched under graphs: {after:?}");
+        assert!(after.iter().all(|&(_, d)| d == DEPTH_KERNELS));
+        // Every step after the first plan that saw the graph launch is traced.
+        assert!(
+            job.sampled - sampled >= 20_000 - 2 * 40,
+            "{} traced",
+            job.sampled - sampled
+        );
+        assert!(after.first().is_none_or(|&(s, _)| s <= first_graph + 40));
+        let published = p.published();
+        assert_eq!((published.window, published.period), (0, 0));
+    }
+
+    /// The pin on a job that launches many kernels outside its graphs (27% of its time to
+    /// trace at 4.7 µs a kernel) ends at the first cost check, for good: windows again.
+    #[test]
+    fn a_costly_pin_ends_for_good() {
+        let mut job = Job::new(5 * MS, 300);
+        job.graphs = 1;
+        let mut p = Planner::new(windows_first(), job.o.now_ns);
+        let changes = run(&mut job, &mut p, 20_000);
+        assert!(!p.pinned());
+        assert!(
+            changes.iter().filter(|&&(_, d)| d == DEPTH_TIMING).count() > 3,
+            "{changes:?}"
+        );
+        let share = job.extra_ns as f64 / (job.total_ns - job.extra_ns) as f64;
+        assert!(share <= 0.01, "overhead {share:.4}");
+    }
+
+    /// `SLO_PROBE_GRAPH_FLOOR=0`: graph jobs are duty-cycled as eager ones.
+    #[test]
+    fn without_the_graph_floor_graph_jobs_get_windows() {
+        let mut job = Job::new(5 * MS, 20);
+        job.graphs = 1;
+        let cfg = Config {
+            graph_floor: true,
+            ..windows_first()
+        };
+        let mut p = Planner::new(cfg, job.o.now_ns);
+        let changes = run(&mut job, &mut p, 20_000);
+        assert!(!p.pinned());
+        assert!(changes.iter().filter(|&&(_, d)| d == DEPTH_TIMING).count() > 3);
+    }
+
+    /// Under the pin the agent still raises the depth to graph nodes; when its request ends the
+    /// depth goes back to kernels, not to timing.
+    #[test]
+    fn a_request_under_the_pin_returns_to_kernels() {
+        let mut job = Job::new(5 * MS, 20);
+        job.graphs = 1;
+        let mut p = Planner::new(windows_first(), job.o.now_ns);
+        run(&mut job, &mut p, 100);
+        assert!(p.pinned());
+        p.request(
+            Reason::Agent,
+            DEPTH_NODES,
+            DepthDuration::Tenths(10),
+            &job.o,
+        );
+        let plan = p.plan(&job.o);
+        assert_eq!((plan.depth, plan.reason), (DEPTH_NODES, Reason::Agent));
+        let changes = run(&mut job, &mut p, 1_000);
+        assert_eq!(
+            changes.first().map(|c| c.1),
+            Some(DEPTH_KERNELS),
+            "{changes:?}"
+        );
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        assert_eq!(p.plan(&job.o).reason, Reason::Sample);
     }
 
     /// A shallow queue (0.2 ms) that costs little: the opening hold ends after UNHOLD_AFTER_NS,

@@ -15,7 +15,9 @@
 //!   tracing is held on, since switching it on or off under a deep queue stranded every
 //!   kernel record in CUPTI on the H200; the hold starts with tracing and ends once the queue
 //!   is known to be shallow or the hold costly (`depth::Planner`, `SLO_PROBE_HOLD_LAG_MS`,
-//!   `SLO_PROBE_HOLD_AT_START`).
+//!   `SLO_PROBE_HOLD_AT_START`). Once the process launches a CUDA graph, kernel tracing is kept
+//!   on (switching it with memory activity on stranded every record under graphs on an H100;
+//!   `SLO_PROBE_GRAPH_FLOOR`).
 //! - depth 1, *kernels*: `CONCURRENT_KERNEL` and kernel-launch callbacks (launch time, operator
 //!   context, thread) in the API domains that match kernel records (`SLO_PROBE_LAUNCH_DOMAIN`).
 //! - depth 2, *nodes*: depth 1 with graph-level tracing off, so that graph replays produce one
@@ -416,10 +418,14 @@ fn shim() -> &'static Shim {
                 (None, 0)
             }
         };
-        let (cfg, bad) = depth::Config::from_env(|k| std::env::var(k).ok());
+        let (mut cfg, bad) = depth::Config::from_env(|k| std::env::var(k).ok());
         for (k, v) in bad {
             say!("{k}={v} is not valid; using the default");
         }
+        let mem_activity = std::env::var("SLO_PROBE_MEM_ACTIVITY").map_or(true, |v| v != "0");
+        // Without memory activity, switching kernel activity under CUDA graphs delivered every
+        // record (see `depth::Planner`): no pin needed.
+        cfg.graph_floor &= mem_activity;
         let corr = (0..CORR_SLOTS)
             .map(|_| CorrSlot {
                 correlation: AtomicU32::new(0),
@@ -461,7 +467,7 @@ fn shim() -> &'static Shim {
             wake_at_step: AtomicU64::new(u64::MAX),
             script_request: AtomicU64::new(0),
             control: Mutex::new(Control::new(depth::Planner::new(cfg, now_ns()))),
-            mem_activity: std::env::var("SLO_PROBE_MEM_ACTIVITY").map_or(true, |v| v != "0"),
+            mem_activity,
             buffers_cfg: BufferCfg::from_env(),
             counters: Counters::default(),
             drain: control::Drain::new(env_flag("SLO_PROBE_TOGGLE_AT_SYNC")),

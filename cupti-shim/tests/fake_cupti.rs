@@ -32,6 +32,8 @@ use slo_probe_common::{
 
 const STEPS: u64 = 130;
 const STEP_MS: u64 = 4;
+/// See [`cuda_graph_launches_pin_kernel_tracing`].
+const GRAPHS_FROM: u64 = 40;
 const CHILD: &str = "SLO_PROBE_FAKE_CUPTI_CHILD";
 
 fn fake_fn<T>(name: &std::ffi::CStr) -> T {
@@ -60,9 +62,19 @@ fn child_process() {
     let log: extern "C" fn() -> *const libc::c_char = fake_fn(c"fake_log");
     let mut corr = 1u32;
     let mut delivered = 0;
+    // The "graphs" child launches its CUDA graph only from step GRAPHS_FROM on.
+    let graphs_from = match std::env::var(CHILD).as_deref() {
+        Ok("graphs") => GRAPHS_FROM,
+        _ => 0,
+    };
     for step in 0..STEPS {
         slo_probe_step_begin(step);
         for (domain, cbid, n) in [(2, 211, 20), (1, 307, 5), (2, 311, 1)] {
+            let n = if cbid == 311 && step < graphs_from {
+                0
+            } else {
+                n
+            };
             for _ in 0..n {
                 delivered += launch(domain, cbid, corr);
                 corr += 1;
@@ -314,6 +326,9 @@ fn depth_control_loop_against_a_fake_cupti() {
         // The fake delivers no kernel record: windows close on their steps, not held open for
         // a lag they never measure (the hold is the planner's unit tests').
         .env("SLO_PROBE_HOLD_LAG_MS", "0")
+        // The child launches a graph every step: without this, kernel tracing is pinned on
+        // from the first (see `cuda_graph_launches_pin_kernel_tracing`) and no window opens.
+        .env("SLO_PROBE_GRAPH_FLOOR", "0")
         .env_remove("SLO_PROBE_DEPTH")
         .env_remove("SLO_PROBE_DIAGNOSTIC")
         .stdout(Stdio::piped())
@@ -452,6 +467,108 @@ fn depth_control_loop_against_a_fake_cupti() {
         delivered < STEPS * 26 / 2,
         "{delivered} of {} delivered",
         STEPS * 26
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A job that launches its first CUDA graph at step 40 (the fake's graph-launch callback):
+/// sample windows come and go before it; from it on, kernel tracing stays on (depth 1, reason
+/// sample) until CUPTI is handed over at step 110, with the script's depth-2 request on top.
+#[test]
+fn cuda_graph_launches_pin_kernel_tracing() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    let Some(cc) = compiler() else {
+        eprintln!("skipped: no C compiler to build the fake libcupti");
+        return;
+    };
+    let dir = fake_libs(&cc, "graphs", true);
+    let socket = dir.join("shim.sock");
+    let _ = std::fs::remove_file(&socket);
+    let listener = UnixListener::bind(&socket).expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "child_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, "graphs")
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("SLO_PROBE_SOCKET", &socket)
+        .env("SLO_PROBE_FLUSH_MS", "20")
+        .env("SLO_PROBE_SAMPLE_EVERY", "10")
+        .env("SLO_PROBE_SAMPLE_STEPS", "2")
+        .env("SLO_PROBE_RING_MB", "4")
+        .env("SLO_PROBE_HOLD_LAG_MS", "0")
+        .env_remove("SLO_PROBE_GRAPH_FLOOR")
+        .env_remove("SLO_PROBE_DEPTH")
+        .env_remove("SLO_PROBE_DIAGNOSTIC")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("child");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (_stream, ring) = registered_ring(&listener, deadline);
+    let mut buf = vec![0u8; 1 << 16];
+    let (mut depths, mut ends) = (Vec::<Depth>::new(), Vec::<(u64, u64)>::new());
+    loop {
+        let exited = child.try_wait().expect("wait").is_some();
+        ring.drain(&mut buf, |r| match decode(r) {
+            Ok((AnyRecord::Depth(d), _)) => depths.push(Depth {
+                from_ns: d.from_ns,
+                depth: d.depth,
+                reason: d.reason,
+            }),
+            Ok((AnyRecord::Step(s), _)) if s.phase == STEP_END => ends.push((s.step, s.ts_ns)),
+            _ => {}
+        });
+        if exited {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the child did not finish");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(child.wait().expect("wait").success(), "child failed");
+    let end_of = |step: u64| {
+        ends.iter()
+            .find(|&&(s, _)| s == step)
+            .map(|&(_, t)| t)
+            .unwrap_or_else(|| panic!("no end of step {step}"))
+    };
+    let seq: Vec<(u32, u32)> = depths.iter().map(|d| (d.depth, d.reason)).collect();
+    eprintln!("depth records: {seq:?}");
+    let (graphs, released) = (end_of(GRAPHS_FROM), end_of(109));
+    let before: Vec<&Depth> = depths.iter().filter(|d| d.from_ns < graphs).collect();
+    assert!(
+        before
+            .windows(2)
+            .any(|w| w[0].depth == DEPTH_KERNELS && w[1].depth == DEPTH_TIMING),
+        "no window closed before the first graph: {seq:?}"
+    );
+    // A few steps for the flusher to see the first graph launch, then never back to timing
+    // until the hand-over.
+    let pinned_from = end_of(GRAPHS_FROM + 5);
+    let during: Vec<(u32, u32)> = depths
+        .iter()
+        .filter(|d| d.from_ns > pinned_from && d.from_ns < released)
+        .map(|d| (d.depth, d.reason))
+        .collect();
+    assert!(
+        during.iter().all(|&(d, _)| d != DEPTH_TIMING),
+        "switched to timing under graphs: {seq:?}"
+    );
+    assert!(
+        during.contains(&(DEPTH_NODES, DEPTH_REASON_SCRIPT))
+            && during.contains(&(DEPTH_KERNELS, DEPTH_REASON_SAMPLE)),
+        "{seq:?}"
+    );
+    // Tracing taken back: pinned again.
+    assert_eq!(
+        seq.last(),
+        Some(&(DEPTH_KERNELS, DEPTH_REASON_SAMPLE)),
+        "{seq:?}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
