@@ -392,6 +392,10 @@ fn depth_report(out: &mut String, p: &ProcessSnapshot) {
         _ => "?",
     };
     let why = match d.reason {
+        // The duty cycle publishes no window while kernel tracing is held on.
+        DEPTH_REASON_SAMPLE if d.window == 0 => {
+            "held on: the GPU runs far behind the launches, or the job launches CUDA graphs"
+        }
         DEPTH_REASON_SAMPLE => "a sample window",
         DEPTH_REASON_AGENT => "the agent asked",
         DEPTH_REASON_SCRIPT => "the script asked",
@@ -690,6 +694,36 @@ const MAX_HEAL_LINES: usize = 40;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn depth_line_tells_a_window_from_a_hold() {
+        use slo_probe_common::{gpu::DEPTH_REASON_SAMPLE, ring::ShimDepth};
+        let line = |window, period| {
+            let p = ProcessSnapshot {
+                depth: Some(ShimDepth {
+                    depth: 1,
+                    reason: DEPTH_REASON_SAMPLE,
+                    window,
+                    period,
+                    millis: false,
+                }),
+                ..ProcessSnapshot::default()
+            };
+            let mut out = String::new();
+            depth_report(&mut out, &p);
+            out
+        };
+        let w = line(5, 400);
+        assert!(
+            w.contains("(a sample window); samples kernels 5 steps in every 400 steps"),
+            "{w}"
+        );
+        let h = line(0, 0);
+        assert!(h.contains("(held on: ") && !h.contains("samples"), "{h}");
+        // The first window, before its period is known.
+        let first = line(5, 0);
+        assert!(first.contains("(a sample window)"), "{first}");
+    }
 
     #[test]
     fn human_units() {

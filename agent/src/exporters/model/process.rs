@@ -66,7 +66,8 @@ static SHIM_SAMPLE_PERIOD: Family = Family {
     name: "slo_probe_shim_sample_period",
     kind: Kind::Gauge,
     help: "The shim's duty cycle at depth 0: one sample window of `window` every `period` (unit: \
-           steps, or ms for a process without step markers); 0: no sampling.",
+           steps, or ms for a process without step markers); 0: no sampling (kernel tracing \
+           held on under a deep GPU queue or CUDA graphs, or a fixed depth).",
     unit: "",
 };
 static SHIM_OVERHEAD: Family = Family {
