@@ -15,7 +15,7 @@ use std::{
         unix::net::{UnixListener, UnixStream},
     },
     path::PathBuf,
-    process::{Command, Stdio},
+    process::{Child, Command, Stdio},
     sync::atomic::Ordering,
     time::{Duration, Instant},
 };
@@ -295,50 +295,61 @@ struct Depth {
     reason: u32,
 }
 
-#[test]
-fn depth_control_loop_against_a_fake_cupti() {
-    if std::env::var_os(CHILD).is_some() {
-        return;
-    }
+/// Builds the fake libraries in a fresh directory named after `name`, listens on its shim
+/// socket and starts the child (`variant` in [`CHILD`]) against them, with the settings both
+/// depth tests share and `envs`, its stdout piped. `None` (said) where no C compiler is found.
+fn spawn_child(
+    name: &str,
+    variant: &str,
+    envs: &[(&str, &str)],
+) -> Option<(PathBuf, UnixListener, Child)> {
     let Some(cc) = compiler() else {
         eprintln!("skipped: no C compiler to build the fake libcupti");
-        return;
+        return None;
     };
-    let dir = fake_libs(&cc, "depth", true);
+    let dir = fake_libs(&cc, name, true);
     let socket = dir.join("shim.sock");
     let _ = std::fs::remove_file(&socket);
     let listener = UnixListener::bind(&socket).expect("bind");
     listener.set_nonblocking(true).expect("nonblocking");
-    let mut child = Command::new(std::env::current_exe().expect("test binary"))
-        .args([
-            "--exact",
-            "child_process",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, "1")
-        .env("LD_LIBRARY_PATH", &dir)
-        .env("SLO_PROBE_SOCKET", &socket)
-        .env("SLO_PROBE_FLUSH_MS", "20")
-        .env("SLO_PROBE_SAMPLE_EVERY", "30")
-        .env("SLO_PROBE_SAMPLE_STEPS", "3")
-        .env("SLO_PROBE_RING_MB", "4")
-        // The fake delivers no kernel record: windows close on their steps, not held open for
-        // a lag they never measure (the hold is the planner's unit tests').
-        .env("SLO_PROBE_HOLD_LAG_MS", "0")
-        // The child launches a graph every step: without this, kernel tracing is pinned on
-        // from the first (see `cuda_graph_launches_pin_kernel_tracing`) and no window opens.
-        .env("SLO_PROBE_GRAPH_FLOOR", "0")
-        .env_remove("SLO_PROBE_DEPTH")
-        .env_remove("SLO_PROBE_DIAGNOSTIC")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("child");
+    let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
+    cmd.args([
+        "--exact",
+        "child_process",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD, variant)
+    .env("LD_LIBRARY_PATH", &dir)
+    .env("SLO_PROBE_SOCKET", &socket)
+    .env("SLO_PROBE_FLUSH_MS", "20")
+    .env("SLO_PROBE_RING_MB", "4")
+    // The fake delivers no kernel record: windows close on their steps, not held open for a
+    // lag they never measure (the hold is the planner's unit tests').
+    .env("SLO_PROBE_HOLD_LAG_MS", "0")
+    .env_remove("SLO_PROBE_GRAPH_FLOOR")
+    .env_remove("SLO_PROBE_DEPTH")
+    .env_remove("SLO_PROBE_DIAGNOSTIC")
+    .stdout(Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().expect("child");
+    Some((dir, listener, child))
+}
+
+/// Plays the agent until `child` exits: takes its registration on `listener`, and drains its
+/// ring, calling `tick` with the ring and the step ends so far after each drain. Returns the
+/// connection (open), the ring, the depth records and the step ends (step, time).
+fn drain_child(
+    child: &mut Child,
+    listener: &UnixListener,
+    mut tick: impl FnMut(&Ring, usize),
+) -> (UnixStream, Ring, Vec<Depth>, Vec<(u64, u64)>) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    let (_stream, ring) = registered_ring(&listener, deadline);
+    let (stream, ring) = registered_ring(listener, deadline);
     let mut buf = vec![0u8; 1 << 16];
-    let (mut depths, mut step_ends) = (Vec::<Depth>::new(), Vec::<u64>::new());
-    let mut asked = false;
+    let (mut depths, mut ends) = (Vec::<Depth>::new(), Vec::<(u64, u64)>::new());
     loop {
         let exited = child.try_wait().expect("wait").is_some();
         ring.drain(&mut buf, |r| match decode(r) {
@@ -347,10 +358,39 @@ fn depth_control_loop_against_a_fake_cupti() {
                 depth: d.depth,
                 reason: d.reason,
             }),
-            Ok((AnyRecord::Step(s), _)) if s.phase == STEP_END => step_ends.push(s.ts_ns),
+            Ok((AnyRecord::Step(s), _)) if s.phase == STEP_END => ends.push((s.step, s.ts_ns)),
             _ => {}
         });
-        if !asked && step_ends.len() >= 80 {
+        tick(&ring, ends.len());
+        if exited {
+            return (stream, ring, depths, ends);
+        }
+        assert!(Instant::now() < deadline, "the child did not finish");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn depth_control_loop_against_a_fake_cupti() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    let Some((dir, listener, mut child)) = spawn_child(
+        "depth",
+        "1",
+        &[
+            ("SLO_PROBE_SAMPLE_EVERY", "30"),
+            ("SLO_PROBE_SAMPLE_STEPS", "3"),
+            // The child launches a graph every step: without this, kernel tracing is pinned on
+            // from the first (see `cuda_graph_launches_pin_kernel_tracing`) and no window opens.
+            ("SLO_PROBE_GRAPH_FLOOR", "0"),
+        ],
+    ) else {
+        return;
+    };
+    let mut asked = false;
+    let (_stream, ring, depths, ends) = drain_child(&mut child, &listener, |ring, ends| {
+        if !asked && ends >= 80 {
             // The agent asks for kernels during 4 steps.
             ring.header().control.store(
                 encode_depth_request(1, DEPTH_KERNELS, DepthDuration::Steps(4)),
@@ -358,12 +398,8 @@ fn depth_control_loop_against_a_fake_cupti() {
             );
             asked = true;
         }
-        if exited {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the child did not finish");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    });
+    let step_ends: Vec<u64> = ends.iter().map(|&(_, t)| t).collect();
     let mut out = String::new();
     child
         .stdout
@@ -479,57 +515,17 @@ fn cuda_graph_launches_pin_kernel_tracing() {
     if std::env::var_os(CHILD).is_some() {
         return;
     }
-    let Some(cc) = compiler() else {
-        eprintln!("skipped: no C compiler to build the fake libcupti");
+    let Some((dir, listener, mut child)) = spawn_child(
+        "graphs",
+        "graphs",
+        &[
+            ("SLO_PROBE_SAMPLE_EVERY", "10"),
+            ("SLO_PROBE_SAMPLE_STEPS", "2"),
+        ],
+    ) else {
         return;
     };
-    let dir = fake_libs(&cc, "graphs", true);
-    let socket = dir.join("shim.sock");
-    let _ = std::fs::remove_file(&socket);
-    let listener = UnixListener::bind(&socket).expect("bind");
-    listener.set_nonblocking(true).expect("nonblocking");
-    let mut child = Command::new(std::env::current_exe().expect("test binary"))
-        .args([
-            "--exact",
-            "child_process",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, "graphs")
-        .env("LD_LIBRARY_PATH", &dir)
-        .env("SLO_PROBE_SOCKET", &socket)
-        .env("SLO_PROBE_FLUSH_MS", "20")
-        .env("SLO_PROBE_SAMPLE_EVERY", "10")
-        .env("SLO_PROBE_SAMPLE_STEPS", "2")
-        .env("SLO_PROBE_RING_MB", "4")
-        .env("SLO_PROBE_HOLD_LAG_MS", "0")
-        .env_remove("SLO_PROBE_GRAPH_FLOOR")
-        .env_remove("SLO_PROBE_DEPTH")
-        .env_remove("SLO_PROBE_DIAGNOSTIC")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("child");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let (_stream, ring) = registered_ring(&listener, deadline);
-    let mut buf = vec![0u8; 1 << 16];
-    let (mut depths, mut ends) = (Vec::<Depth>::new(), Vec::<(u64, u64)>::new());
-    loop {
-        let exited = child.try_wait().expect("wait").is_some();
-        ring.drain(&mut buf, |r| match decode(r) {
-            Ok((AnyRecord::Depth(d), _)) => depths.push(Depth {
-                from_ns: d.from_ns,
-                depth: d.depth,
-                reason: d.reason,
-            }),
-            Ok((AnyRecord::Step(s), _)) if s.phase == STEP_END => ends.push((s.step, s.ts_ns)),
-            _ => {}
-        });
-        if exited {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the child did not finish");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let (_stream, _ring, depths, ends) = drain_child(&mut child, &listener, |_, _| {});
     assert!(child.wait().expect("wait").success(), "child failed");
     let end_of = |step: u64| {
         ends.iter()
