@@ -1421,7 +1421,7 @@ mod tests {
         let mut job = Job::new(5 * MS, 20);
         job.graphs = 1;
         let cfg = Config {
-            graph_floor: true,
+            graph_floor: false,
             ..windows_first()
         };
         let mut p = Planner::new(cfg, job.o.now_ns);
