@@ -118,9 +118,10 @@ pub struct Config {
     /// about the launch rate that 3% did at the 1.5 µs assumed before (2026-12-05), so the
     /// recalibration moved no hold.
     pub hold_max_share: f64,
-    /// Kernel tracing is on from the start and stays on until the queue is known
-    /// (`SLO_PROBE_HOLD_AT_START`, default 1; 0: the first window opens at
-    /// `first_window_step`). See [`Planner`]: even the first switch on under a deep queue
+    /// Kernel tracing is on from the start and stays on until the queue is known (on a
+    /// shallow queue, also until `first_window_step` steps are marked or
+    /// [`OPENING_HOLD_MAX_NS`] passed) (`SLO_PROBE_HOLD_AT_START`, default 1; 0: the first
+    /// window opens at `first_window_step`). See [`Planner`]: even the first switch on under a deep queue
     /// strands the records.
     pub hold_at_start: bool,
     /// Once the process launches a CUDA graph, kernel tracing stays on (depth 1 is the floor of
@@ -329,6 +330,10 @@ pub const HOLD_LAG_NS: u64 = 5 * MS;
 
 /// How long the GPU lag stays under half the hold threshold before windows resume.
 pub const UNHOLD_AFTER_NS: u64 = 5 * SEC;
+
+/// On a shallow queue the opening hold ends once the job has marked
+/// [`Config::first_window_step`] steps, or this long after tracing started without them.
+pub const OPENING_HOLD_MAX_NS: u64 = 60 * SEC;
 
 /// How often a hold's cost is judged.
 pub const HOLD_COST_EVERY_NS: u64 = 2 * SEC;
@@ -659,7 +664,14 @@ impl Planner {
             // slow the job.
             self.no_hold_until = o.now_ns + NO_HOLD_AFTER_COST_NS;
         }
-        if costly || barren || h.low_since.is_some_and(|t| o.now_ns >= t + UNHOLD_AFTER_NS) {
+        // The opening hold waits for the job's first steps too: torch.compile compiles for
+        // seconds to minutes before them, on a shallow queue, and a window switched then comes
+        // before the CUDA graphs that pin kernel tracing (see `Planner`).
+        let settled = !h.opening
+            || o.steps >= self.cfg.first_window_step.max(1)
+            || o.now_ns >= h.from.now_ns + OPENING_HOLD_MAX_NS;
+        let shallow = settled && h.low_since.is_some_and(|t| o.now_ns >= t + UNHOLD_AFTER_NS);
+        if costly || barren || shallow {
             self.held = None;
             self.quiet_since = Some(*o);
             self.window_cost_ns = None;
@@ -1455,6 +1467,63 @@ mod tests {
         );
         assert_eq!(changes.len(), 1, "{changes:?}");
         assert_eq!(p.plan(&job.o).reason, Reason::Sample);
+    }
+
+    /// torch.compile under `reduce-overhead`: 30 s of compiling before the first step (a few
+    /// eager kernels, a shallow queue), then CUDA graphs. The opening hold lasts through the
+    /// compilation and the graph pin takes over from it: kernel activity is never switched off.
+    #[test]
+    fn a_compiling_job_is_held_until_its_graphs_pin_tracing() {
+        let mut o = Observed {
+            now_ns: SEC,
+            gpu_lag_ns: 100_000,
+            ..Default::default()
+        };
+        let mut p = Planner::new(Config::default(), o.now_ns);
+        let mut depths = Vec::new();
+        for _ in 0..150 {
+            o.now_ns += 200 * MS;
+            o.kernel_launches += 5;
+            o.kernel_records += 5;
+            o.callback_ns += 5 * 700;
+            depths.push(p.plan(&o).depth);
+        }
+        assert!(p.held(), "the opening hold ended during compilation");
+        for _ in 0..2_000 {
+            o.now_ns += 20 * MS;
+            o.steps += 1;
+            o.last_step_ns = o.now_ns;
+            o.graph_launches += 1;
+            o.graph_records += 1;
+            o.kernel_launches += 8;
+            o.kernel_records += 8;
+            o.callback_ns += 8 * 700;
+            depths.push(p.plan(&o).depth);
+        }
+        assert!(p.pinned());
+        assert!(depths.iter().all(|&d| d == DEPTH_KERNELS), "switched");
+        // Without markers or graphs, the opening hold on a shallow queue ends after
+        // OPENING_HOLD_MAX_NS.
+        let mut o = Observed {
+            now_ns: SEC,
+            gpu_lag_ns: 100_000,
+            ..Default::default()
+        };
+        let mut p = Planner::new(Config::default(), o.now_ns);
+        let mut ended = None;
+        for _ in 0..600 {
+            o.now_ns += 200 * MS;
+            o.kernel_launches += 5;
+            o.kernel_records += 5;
+            if p.plan(&o).depth == DEPTH_TIMING && ended.is_none() {
+                ended = Some(o.now_ns - SEC);
+            }
+        }
+        let ended = ended.expect("the opening hold never ended");
+        assert!(
+            (OPENING_HOLD_MAX_NS..OPENING_HOLD_MAX_NS + SEC).contains(&ended),
+            "{ended}"
+        );
     }
 
     /// A shallow queue (0.2 ms) that costs little: the opening hold ends after UNHOLD_AFTER_NS,
