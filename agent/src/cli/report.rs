@@ -419,6 +419,14 @@ fn depth_report(out: &mut String, p: &ProcessSnapshot) {
         name(p.depth_wanted),
         100.0 * p.shim_overhead_ratio()
     );
+    if p.gpu_records_stalled_s > 0 {
+        let _ = writeln!(
+            out,
+            "  no GPU record has arrived for {} s while kernels are traced: CUPTI is holding them; \
+             the SLO tree is judged on wall times and host data until they come",
+            p.gpu_records_stalled_s
+        );
+    }
 }
 
 /// The straggler view of every job with two or more ranks in the observed tree.
@@ -723,6 +731,23 @@ mod tests {
         // The first window, before its period is known.
         let first = line(5, 0);
         assert!(first.contains("(a sample window)"), "{first}");
+        assert!(!first.contains("CUPTI is holding them"), "{first}");
+        let mut out = String::new();
+        depth_report(
+            &mut out,
+            &ProcessSnapshot {
+                depth: Some(ShimDepth {
+                    depth: 1,
+                    ..ShimDepth::default()
+                }),
+                gpu_records_stalled_s: 45,
+                ..ProcessSnapshot::default()
+            },
+        );
+        assert!(
+            out.contains("no GPU record has arrived for 45 s while kernels are traced"),
+            "{out}"
+        );
     }
 
     #[test]

@@ -311,6 +311,9 @@ pub struct ProcessSnapshot {
     /// Time spent in the iterations completed since the shim registered, ns (what the cost is
     /// a share of).
     pub steps_ns: u64,
+    /// How long no GPU record has reached the agent while the shim traced kernels and the job
+    /// launched work, s (0: they arrive; the agent says so from 30 s).
+    pub gpu_records_stalled_s: u64,
     /// Its executable name (`comm`), read when its shim registered.
     pub executable: Option<String>,
     /// Its Kubernetes pod's UID, from its cgroup path, read when its shim registered.

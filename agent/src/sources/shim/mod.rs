@@ -24,6 +24,7 @@
 //! same rings back: shims re-register every second.
 
 mod transport;
+mod watch;
 
 use std::{
     collections::VecDeque,
@@ -44,12 +45,15 @@ use std::{
 };
 
 use slo_probe_common::{
-    gpu::DEPTH_TIMING,
+    gpu::{DEPTH_OFF, DEPTH_TIMING},
     ring::{decode_shim_depth, encode_depth_request, next_generation, DepthDuration},
 };
 use slo_probe_core::{gpu::GpuHistory, pipeline::Pipelines};
 
-use self::transport::{check_peer, register, try_hello, Conn, Refusal};
+use self::{
+    transport::{check_peer, register, try_hello, Conn, Refusal},
+    watch::{Change, RecordWatch},
+};
 
 /// Default socket path.
 pub const DEFAULT_SOCKET: &str = "/run/slo-probe/shim.sock";
@@ -131,6 +135,8 @@ struct State {
     /// Depths set from outside the SLO engine (the healer's shim-depth strategy), per pid:
     /// the engine's wants never go below them until they are set back to 0.
     floors: std::collections::HashMap<u32, u32>,
+    /// Whether each process's GPU records arrive while its shim traces kernels.
+    watches: std::collections::HashMap<u32, RecordWatch>,
 }
 
 /// How long a depth request holds in the shim (renewed while it is wanted, so a stopped agent
@@ -393,6 +399,7 @@ impl ShimSource {
             requested: std::collections::HashMap::new(),
             depth_on_demand: true,
             floors: std::collections::HashMap::new(),
+            watches: std::collections::HashMap::new(),
         }));
         let sinks = Sinks {
             pipelines,
@@ -759,6 +766,7 @@ fn drain_all(s: &mut State, sinks: &Sinks, flush: bool) {
         requested,
         depth_on_demand,
         floors,
+        watches,
     } = s;
     for c in conns.iter_mut() {
         let Some(p) = pipelines.get_mut(c.pid) else {
@@ -830,6 +838,30 @@ fn drain_all(s: &mut State, sinks: &Sinks, flush: bool) {
         info.depth_wanted = want;
         info.depth = Some(decode_shim_depth(h.depth.load(Ordering::Relaxed)));
         info.shim_cost_ns = h.shim_counters().estimated_cost_ns();
+        let watch = watches.entry(c.pid).or_default();
+        let at = Instant::now();
+        let gpu_records = info.seen[0] + info.seen[1] + info.seen[2];
+        match watch.update(
+            at,
+            info.depth.map_or(DEPTH_OFF, |d| d.depth),
+            h.launches_seen.load(Ordering::Relaxed),
+            gpu_records,
+        ) {
+            Some(Change::Stalled(quiet)) => log::warn!(
+                "pid {}: no GPU record has reached the agent for {} s while its shim traces \
+                 kernels and the job launches work: CUPTI is holding them (it did so until the \
+                 job's exit on the H200 when kernel activity was switched under a deep queue or \
+                 CUDA graphs); until they come, its SLO tree is judged on wall times and host data \
+                 alone",
+                c.pid,
+                quiet.as_secs()
+            ),
+            Some(Change::Resumed) => {
+                log::info!("pid {}: GPU records reach the agent again", c.pid);
+            }
+            None => {}
+        }
+        info.gpu_records_stalled_s = watch.stalled(at).map_or(0, |d| d.as_secs());
         let last = requested.get(&c.pid).copied();
         let due = match last {
             None => want > DEPTH_TIMING,
@@ -866,6 +898,7 @@ fn drain_all(s: &mut State, sinks: &Sinks, flush: bool) {
     }
     requested.retain(|pid, _| conns.iter().any(|c| c.pid == *pid && !c.closed));
     floors.retain(|pid, _| conns.iter().any(|c| c.pid == *pid && !c.closed));
+    watches.retain(|pid, _| conns.iter().any(|c| c.pid == *pid && !c.closed));
     drop(history);
     drop(pipelines);
     let before = conns.len();
