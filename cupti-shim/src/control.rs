@@ -436,38 +436,35 @@ impl Shim {
         let was_held = c.planner.held();
         let was_pinned = c.planner.pinned();
         let plan = c.planner.plan(o);
-        if c.planner.pinned() != was_pinned {
-            let n = self.counters.holds.fetch_add(1, Ordering::Relaxed);
-            if self.log || n < 4 {
-                if was_pinned {
-                    say!(
-                        "kernel tracing duty-cycled again under CUDA graphs: kept on, it costs \
-                         more than {:.0}% of the time (SLO_PROBE_HOLD_MAX_PCT)",
-                        c.planner.config().hold_max_share * 100.0
-                    );
-                } else {
-                    say!(
-                        "kernel tracing kept on: the process launches CUDA graphs, under which \
-                         switching kernel activity loses records (SLO_PROBE_GRAPH_FLOOR=0 \
-                         turns this off)"
-                    );
-                }
-            }
+        let lag_ms = o.gpu_lag_ns as f64 / 1e6;
+        let change = if c.planner.pinned() != was_pinned {
+            Some(if was_pinned {
+                format!(
+                    "kernel tracing duty-cycled again under CUDA graphs: kept on, it costs more \
+                     than {:.0}% of the time (SLO_PROBE_HOLD_MAX_PCT)",
+                    c.planner.config().hold_max_share * 100.0
+                )
+            } else {
+                "kernel tracing kept on: the process launches CUDA graphs, under which switching \
+                 kernel activity loses records (SLO_PROBE_GRAPH_FLOOR=0 turns this off)"
+                    .to_owned()
+            })
         } else if c.planner.held() != was_held {
+            Some(if was_held {
+                format!("kernel tracing duty-cycled again: the GPU runs {lag_ms:.1} ms behind its launches")
+            } else {
+                format!(
+                    "kernel tracing held on: the GPU runs {lag_ms:.1} ms behind its launches, and \
+                     switching kernel activity off under a deep queue loses records"
+                )
+            })
+        } else {
+            None
+        };
+        if let Some(change) = change {
             let n = self.counters.holds.fetch_add(1, Ordering::Relaxed);
             if self.log || n < 4 {
-                if was_held {
-                    say!(
-                        "kernel tracing duty-cycled again: the GPU runs {:.1} ms behind its launches",
-                        o.gpu_lag_ns as f64 / 1e6
-                    );
-                } else {
-                    say!(
-                        "kernel tracing held on: the GPU runs {:.1} ms behind its launches, and \
-                         switching kernel activity off under a deep queue loses records",
-                        o.gpu_lag_ns as f64 / 1e6
-                    );
-                }
+                say!("{change}");
             }
         }
         let from = c.applied;

@@ -645,16 +645,11 @@ impl Planner {
         } else {
             None
         };
-        let mut costly = false;
-        let wall = o.now_ns.saturating_sub(h.cost_from.now_ns);
-        if wall >= HOLD_COST_EVERY_NS {
-            let f = &h.cost_from;
-            let cost = o.callback_ns.saturating_sub(f.callback_ns) as f64
-                + o.kernel_launches.saturating_sub(f.kernel_launches) as f64
-                    * self.cfg.record_cost_ns as f64;
-            costly = cost / wall as f64 > self.cfg.hold_max_share;
+        let costly = self.too_costly(&h.cost_from, o);
+        if costly.is_some() {
             h.cost_from = *o;
         }
+        let costly = costly.unwrap_or(false);
         let barren = !back
             && o.kernel_launches > h.from.kernel_launches
             && o.now_ns >= h.from.now_ns + NO_RECORDS_NS;
@@ -673,8 +668,7 @@ impl Planner {
         let shallow = settled && h.low_since.is_some_and(|t| o.now_ns >= t + UNHOLD_AFTER_NS);
         if costly || barren || shallow {
             self.held = None;
-            self.quiet_since = Some(*o);
-            self.window_cost_ns = None;
+            self.resume_windows(o);
             if h.opening {
                 // The first window comes as if tracing started now.
                 self.next = Some(if self.millis {
@@ -682,8 +676,6 @@ impl Planner {
                 } else {
                     Next::Step(o.steps + self.cfg.first_window_step.max(1))
                 });
-            } else {
-                self.schedule_next(o, None);
             }
         } else {
             self.held = Some(h);
@@ -692,22 +684,36 @@ impl Planner {
 
     /// While pinned: ends the pin, for good, once it costs more than the hold may.
     fn update_pin(&mut self, from: Observed, o: &Observed) {
+        match self.too_costly(&from, o) {
+            None => {}
+            Some(false) => self.pinned = Some(*o),
+            Some(true) => {
+                self.pinned = None;
+                self.pin_refused = true;
+                self.resume_windows(o);
+            }
+        }
+    }
+
+    /// Whether kernel tracing kept on since `from` (its callbacks, and `record_cost_ns` per
+    /// launch) costs more than [`Config::hold_max_share`] of the wall time; `None` until
+    /// [`HOLD_COST_EVERY_NS`] have passed (then the caller measures from `o` next).
+    fn too_costly(&self, from: &Observed, o: &Observed) -> Option<bool> {
         let wall = o.now_ns.saturating_sub(from.now_ns);
-        if wall < HOLD_COST_EVERY_NS {
-            return;
-        }
-        let cost = o.callback_ns.saturating_sub(from.callback_ns) as f64
-            + o.kernel_launches.saturating_sub(from.kernel_launches) as f64
-                * self.cfg.record_cost_ns as f64;
-        if cost / wall as f64 > self.cfg.hold_max_share {
-            self.pinned = None;
-            self.pin_refused = true;
-            self.quiet_since = Some(*o);
-            self.window_cost_ns = None;
-            self.schedule_next(o, None);
-        } else {
-            self.pinned = Some(*o);
-        }
+        (wall >= HOLD_COST_EVERY_NS).then(|| {
+            let cost = o.callback_ns.saturating_sub(from.callback_ns) as f64
+                + o.kernel_launches.saturating_sub(from.kernel_launches) as f64
+                    * self.cfg.record_cost_ns as f64;
+            cost / wall as f64 > self.cfg.hold_max_share
+        })
+    }
+
+    /// Back to the duty cycle after a hold or the pin: the depth-0 share is measured from
+    /// now, a window's cost anew, and the next window is scheduled.
+    fn resume_windows(&mut self, o: &Observed) {
+        self.quiet_since = Some(*o);
+        self.window_cost_ns = None;
+        self.schedule_next(o, None);
     }
 
     /// The depth wanted now.

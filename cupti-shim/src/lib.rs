@@ -259,7 +259,8 @@ struct Counters {
     incomplete_records: AtomicU64,
     /// Forced flushes at the end of sampled windows.
     forced_flushes: AtomicU64,
-    /// Times kernel tracing was held on or released (see `depth::Planner`).
+    /// Times kernel tracing was held on, pinned on under CUDA graphs, or released (see
+    /// `depth::Planner`).
     holds: AtomicU64,
     /// See `Tally::corr_repeats`.
     corr_repeats: AtomicU64,

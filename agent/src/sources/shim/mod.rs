@@ -839,10 +839,9 @@ fn drain_all(s: &mut State, sinks: &Sinks, flush: bool) {
         info.depth = Some(decode_shim_depth(h.depth.load(Ordering::Relaxed)));
         info.shim_cost_ns = h.shim_counters().estimated_cost_ns();
         let watch = watches.entry(c.pid).or_default();
-        let at = Instant::now();
         let gpu_records = info.seen[0] + info.seen[1] + info.seen[2];
         match watch.update(
-            at,
+            now,
             info.depth.map_or(DEPTH_OFF, |d| d.depth),
             h.launches_seen.load(Ordering::Relaxed),
             gpu_records,
@@ -861,7 +860,7 @@ fn drain_all(s: &mut State, sinks: &Sinks, flush: bool) {
             }
             None => {}
         }
-        info.gpu_records_stalled_s = watch.stalled(at).map_or(0, |d| d.as_secs());
+        info.gpu_records_stalled_s = watch.stalled(now).map_or(0, |d| d.as_secs());
         let last = requested.get(&c.pid).copied();
         let due = match last {
             None => want > DEPTH_TIMING,

@@ -4,18 +4,18 @@
 //! data alone. The agent says so once, in its log and in the process's report, instead of
 //! leaving violations without attribution unexplained.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use slo_probe_common::gpu::{DEPTH_KERNELS, DEPTH_OFF};
 
-/// How long a shim at kernel depth may launch work without any GPU record arriving.
-pub const STALLED_AFTER: Duration = Duration::from_secs(30);
+/// How long a shim at kernel depth may launch work without any GPU record arriving, ns.
+pub const STALLED_AFTER_NS: u64 = 30_000_000_000;
 
 /// Per process: since when no GPU record arrived while kernels were traced and work launched.
 #[derive(Debug, Default)]
 pub struct RecordWatch {
-    /// When the quiet began, with the launches and GPU records seen then.
-    since: Option<(Instant, u64, u64)>,
+    /// When the quiet began (CLOCK_MONOTONIC ns), with the launches and GPU records seen then.
+    since: Option<(u64, u64, u64)>,
     warned: bool,
 }
 
@@ -29,40 +29,39 @@ pub enum Change {
 }
 
 impl RecordWatch {
-    /// Feeds what the agent sees now: the shim's published `depth`, its launch callbacks so far
-    /// (`launches`) and the GPU records (kernels, graph launches, copies) that reached the agent
-    /// so far. Returns a change to report, once per stall.
+    /// Feeds what the agent sees at `now_ns` (CLOCK_MONOTONIC): the shim's published `depth`,
+    /// its launch callbacks so far (`launches`) and the GPU records (kernels, graph launches,
+    /// copies) that reached the agent so far. Returns a change to report, once per stall.
     pub fn update(
         &mut self,
-        now: Instant,
+        now_ns: u64,
         depth: u32,
         launches: u64,
         gpu_records: u64,
     ) -> Option<Change> {
         let traced = depth >= DEPTH_KERNELS && depth != DEPTH_OFF;
-        let arrived = self.since.is_some_and(|(_, _, r)| gpu_records > r);
-        if !traced || arrived || self.since.is_none() {
-            let resumed = self.warned && arrived;
-            self.since = traced.then_some((now, launches, gpu_records));
-            if arrived || !traced {
-                self.warned = false;
+        match self.since {
+            // Still quiet at kernel depth.
+            Some((t, l, r)) if traced && gpu_records <= r => {
+                let quiet = now_ns.saturating_sub(t);
+                let stalled = !self.warned && quiet >= STALLED_AFTER_NS && launches > l;
+                self.warned |= stalled;
+                stalled.then(|| Change::Stalled(Duration::from_nanos(quiet)))
             }
-            return resumed.then_some(Change::Resumed);
+            // Records came, or none are expected: the quiet starts again.
+            since => {
+                let resumed = self.warned && since.is_some_and(|(_, _, r)| gpu_records > r);
+                self.warned = false;
+                self.since = traced.then_some((now_ns, launches, gpu_records));
+                resumed.then_some(Change::Resumed)
+            }
         }
-        let (t, l, _) = self.since?;
-        let quiet = now.saturating_duration_since(t);
-        if !self.warned && quiet >= STALLED_AFTER && launches > l {
-            self.warned = true;
-            return Some(Change::Stalled(quiet));
-        }
-        None
     }
 
-    /// How long the records have been stalled, if they are.
-    pub fn stalled(&self, now: Instant) -> Option<Duration> {
-        self.warned
-            .then(|| self.since.map(|(t, _, _)| now.saturating_duration_since(t)))
-            .flatten()
+    /// How long the records have been stalled at `now_ns`, if they are.
+    pub fn stalled(&self, now_ns: u64) -> Option<Duration> {
+        let (t, _, _) = self.since.filter(|_| self.warned)?;
+        Some(Duration::from_nanos(now_ns.saturating_sub(t)))
     }
 }
 
@@ -73,8 +72,7 @@ mod tests {
 
     #[test]
     fn a_stall_is_said_once_and_its_end_too() {
-        let t0 = Instant::now();
-        let at = |s: u64| t0 + Duration::from_secs(s);
+        let at = |s: u64| 1_000_000_000 + s * 1_000_000_000;
         let mut w = RecordWatch::default();
         assert_eq!(w.update(at(0), DEPTH_KERNELS, 100, 50), None);
         // Records keep coming: nothing to say.
@@ -96,8 +94,7 @@ mod tests {
 
     #[test]
     fn no_stall_where_no_record_is_expected() {
-        let t0 = Instant::now();
-        let at = |s: u64| t0 + Duration::from_secs(s);
+        let at = |s: u64| 1_000_000_000 + s * 1_000_000_000;
         let mut w = RecordWatch::default();
         // Timing depth: an eager job without copies sends nothing between windows.
         for s in 0..100 {
