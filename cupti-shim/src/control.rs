@@ -435,7 +435,16 @@ impl Shim {
     pub(crate) fn apply_plan(&self, api: &Cupti, c: &mut Control, o: &Observed) -> Option<u64> {
         let was_held = c.planner.held();
         let was_pinned = c.planner.pinned();
+        let was_refused = c.planner.nodes_refused();
         let plan = c.planner.plan(o);
+        if c.planner.nodes_refused() && !was_refused {
+            say!(
+                "node-level tracing asked for, kernel level given: the process launches CUDA \
+                 graphs, and leaving a node-level sample under them crashed a job in CUDA \
+                 graph replay (SLO_PROBE_GRAPH_NODES=1 allows it; SLO_PROBE_DEPTH=2 traces \
+                 nodes from the start without switching)"
+            );
+        }
         let lag_ms = o.gpu_lag_ns as f64 / 1e6;
         let change = if c.planner.pinned() != was_pinned {
             Some(if was_pinned {

@@ -130,6 +130,14 @@ pub struct Config {
     /// switching kernel activity under CUDA graphs with memory activity on stranded the records.
     /// The shim turns it off where memory activity is off (`SLO_PROBE_MEM_ACTIVITY=0`).
     pub graph_floor: bool,
+    /// Node-level tracing (depth 2) may be switched on and off once the process launches CUDA
+    /// graphs (`SLO_PROBE_GRAPH_NODES`, default 0: requests for depth 2 get depth 1 from the
+    /// first graph launch on). On an H100 (the fault suite's GPT under
+    /// `torch.compile(mode="reduce-overhead")`, 2026-12-06) the job crashed (SIGSEGV in
+    /// `CUDAGraph.replay`) right after the shim left a node-level sample during which torch had
+    /// captured a new graph, in 2 of 2 runs. A node-level base depth (`SLO_PROBE_DEPTH=2`)
+    /// never switches, and is kept.
+    pub graph_nodes: bool,
 }
 
 impl Default for Config {
@@ -150,6 +158,7 @@ impl Default for Config {
             hold_max_share: 0.08,
             hold_at_start: true,
             graph_floor: true,
+            graph_nodes: false,
         }
     }
 }
@@ -223,6 +232,13 @@ impl Config {
                 "0" => c.graph_floor = false,
                 "1" => c.graph_floor = true,
                 _ => bad.push(("SLO_PROBE_GRAPH_FLOOR".into(), v)),
+            }
+        }
+        if let Some(v) = get("SLO_PROBE_GRAPH_NODES") {
+            match v.trim() {
+                "0" => c.graph_nodes = false,
+                "1" => c.graph_nodes = true,
+                _ => bad.push(("SLO_PROBE_GRAPH_NODES".into(), v)),
             }
         }
         if let Some(v) = get("SLO_PROBE_SAMPLE") {
@@ -406,6 +422,9 @@ pub struct Planner {
     pinned: Option<Observed>,
     /// The pin cost too much once: no pin again.
     pin_refused: bool,
+    /// A request for node-level tracing got kernel level because the process launches CUDA
+    /// graphs ([`Config::graph_nodes`]).
+    nodes_refused: bool,
 }
 
 /// Kernel tracing held on: since when the lag has stayed low, and where its cost is measured
@@ -442,6 +461,7 @@ impl Planner {
             no_hold_until: 0,
             pinned: None,
             pin_refused: false,
+            nodes_refused: false,
         };
         if p.cfg.hold_at_start && p.sampling() && p.hold_threshold().is_some() {
             let start = Observed {
@@ -466,6 +486,12 @@ impl Planner {
     /// Whether kernel tracing is pinned on because the process launches CUDA graphs.
     pub fn pinned(&self) -> bool {
         self.pinned.is_some()
+    }
+
+    /// Whether a request for node-level tracing has been answered with kernel level because
+    /// the process launches CUDA graphs ([`Config::graph_nodes`]).
+    pub fn nodes_refused(&self) -> bool {
+        self.nodes_refused
     }
 
     /// The lag from which kernel tracing is held on: the configured one, or half a step.
@@ -835,6 +861,22 @@ impl Planner {
                 }
             }
         }
+        // Node level is not switched under CUDA graphs (see `Config::graph_nodes`).
+        let no_nodes = o.graph_launches > 0 && !self.cfg.graph_nodes;
+        let asked = |r: Option<Request>| {
+            let d = r.map_or(0, |r| r.depth);
+            if no_nodes {
+                d.min(DEPTH_KERNELS)
+            } else {
+                d
+            }
+        };
+        if no_nodes
+            && (asked(self.agent) < self.agent.map_or(0, |r| r.depth)
+                || asked(self.script) < self.script.map_or(0, |r| r.depth))
+        {
+            self.nodes_refused = true;
+        }
         let candidates = [
             (self.cfg.base, Reason::Default),
             (
@@ -847,8 +889,8 @@ impl Planner {
                 },
                 Reason::Sample,
             ),
-            (self.script.map_or(0, |r| r.depth), Reason::Script),
-            (self.agent.map_or(0, |r| r.depth), Reason::Agent),
+            (asked(self.script), Reason::Script),
+            (asked(self.agent), Reason::Agent),
         ];
         let (depth, reason) = candidates
             .into_iter()
@@ -1014,6 +1056,12 @@ mod tests {
         assert!(!c.graph_floor && bad.is_empty());
         let (c, bad) = Config::from_env(env(&[("SLO_PROBE_GRAPH_FLOOR", "off")]));
         assert!(c.graph_floor);
+        assert_eq!(bad.len(), 1);
+        assert!(!Config::default().graph_nodes);
+        let (c, bad) = Config::from_env(env(&[("SLO_PROBE_GRAPH_NODES", "1")]));
+        assert!(c.graph_nodes && bad.is_empty());
+        let (c, bad) = Config::from_env(env(&[("SLO_PROBE_GRAPH_NODES", "yes")]));
+        assert!(!c.graph_nodes);
         assert_eq!(bad.len(), 1);
     }
 
@@ -1448,13 +1496,55 @@ mod tests {
         assert!(changes.iter().filter(|&&(_, d)| d == DEPTH_TIMING).count() > 3);
     }
 
-    /// Under the pin the agent still raises the depth to graph nodes; when its request ends the
-    /// depth goes back to kernels, not to timing.
+    /// Once the process launches CUDA graphs, a request for node level gets kernel level (the
+    /// switch back from node level crashed a job in graph replay): no depth change at all under
+    /// the pin, and said once.
+    #[test]
+    fn node_level_is_not_switched_under_cuda_graphs() {
+        let mut job = Job::new(5 * MS, 20);
+        let mut p = Planner::new(windows_first(), job.o.now_ns);
+        // Eager so far: node level is given.
+        p.request(
+            Reason::Script,
+            DEPTH_NODES,
+            DepthDuration::Tenths(1),
+            &job.o,
+        );
+        assert_eq!(p.plan(&job.o).depth, DEPTH_NODES);
+        p.request(
+            Reason::Script,
+            DEPTH_TIMING,
+            DepthDuration::UntilNext,
+            &job.o,
+        );
+        job.graphs = 1;
+        run(&mut job, &mut p, 100);
+        assert!(p.pinned() && !p.nodes_refused());
+        p.request(
+            Reason::Agent,
+            DEPTH_NODES,
+            DepthDuration::Tenths(10),
+            &job.o,
+        );
+        let plan = p.plan(&job.o);
+        assert_eq!((plan.depth, plan.reason), (DEPTH_KERNELS, Reason::Agent));
+        assert!(p.nodes_refused());
+        let changes = run(&mut job, &mut p, 1_000);
+        assert!(changes.is_empty(), "{changes:?}");
+        assert_eq!(p.plan(&job.o).reason, Reason::Sample);
+    }
+
+    /// With `SLO_PROBE_GRAPH_NODES=1` the agent raises the depth to graph nodes under the pin;
+    /// when its request ends the depth goes back to kernels, not to timing.
     #[test]
     fn a_request_under_the_pin_returns_to_kernels() {
         let mut job = Job::new(5 * MS, 20);
         job.graphs = 1;
-        let mut p = Planner::new(windows_first(), job.o.now_ns);
+        let cfg = Config {
+            graph_nodes: true,
+            ..windows_first()
+        };
+        let mut p = Planner::new(cfg, job.o.now_ns);
         run(&mut job, &mut p, 100);
         assert!(p.pinned());
         p.request(

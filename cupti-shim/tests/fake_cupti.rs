@@ -328,6 +328,7 @@ fn spawn_child(
     // lag they never measure (the hold is the planner's unit tests').
     .env("SLO_PROBE_HOLD_LAG_MS", "0")
     .env_remove("SLO_PROBE_GRAPH_FLOOR")
+    .env_remove("SLO_PROBE_GRAPH_NODES")
     .env_remove("SLO_PROBE_DEPTH")
     .env_remove("SLO_PROBE_DIAGNOSTIC")
     .stdout(Stdio::piped());
@@ -384,6 +385,9 @@ fn depth_control_loop_against_a_fake_cupti() {
             // The child launches a graph every step: without this, kernel tracing is pinned on
             // from the first (see `cuda_graph_launches_pin_kernel_tracing`) and no window opens.
             ("SLO_PROBE_GRAPH_FLOOR", "0"),
+            // Nor would the script's request for node level be given (see
+            // `cuda_graph_launches_pin_kernel_tracing`).
+            ("SLO_PROBE_GRAPH_NODES", "1"),
         ],
     ) else {
         return;
@@ -509,7 +513,7 @@ fn depth_control_loop_against_a_fake_cupti() {
 
 /// A job that launches its first CUDA graph at step 40 (the fake's graph-launch callback):
 /// sample windows come and go before it; from it on, kernel tracing stays on (depth 1, reason
-/// sample) until CUPTI is handed over at step 110, with the script's depth-2 request on top.
+/// sample) until CUPTI is handed over at step 110; the script's depth-2 request gets depth 1.
 #[test]
 fn cuda_graph_launches_pin_kernel_tracing() {
     if std::env::var_os(CHILD).is_some() {
@@ -555,8 +559,14 @@ fn cuda_graph_launches_pin_kernel_tracing() {
         during.iter().all(|&(d, _)| d != DEPTH_TIMING),
         "switched to timing under graphs: {seq:?}"
     );
+    // The script's request for node level (step 54) gets kernel level under graphs: leaving
+    // node level under them crashed a job in graph replay (`Config::graph_nodes`).
     assert!(
-        during.contains(&(DEPTH_NODES, DEPTH_REASON_SCRIPT))
+        during.iter().all(|&(d, _)| d != DEPTH_NODES),
+        "node level switched under graphs: {seq:?}"
+    );
+    assert!(
+        during.contains(&(DEPTH_KERNELS, DEPTH_REASON_SCRIPT))
             && during.contains(&(DEPTH_KERNELS, DEPTH_REASON_SAMPLE)),
         "{seq:?}"
     );
