@@ -1496,13 +1496,15 @@ mod tests {
         assert!(changes.iter().filter(|&&(_, d)| d == DEPTH_TIMING).count() > 3);
     }
 
-    /// Once the process launches CUDA graphs, a request for node level gets kernel level (the
-    /// switch back from node level crashed a job in graph replay): no depth change at all under
-    /// the pin, and said once.
-    #[test]
-    fn node_level_is_not_switched_under_cuda_graphs() {
+    /// A graph job, pinned, then the agent's request for node level for 1 s: the plan at once,
+    /// and the depth changes after it.
+    fn node_request_under_the_pin(graph_nodes: bool) -> (Planner, Plan, Vec<(u64, u32)>) {
         let mut job = Job::new(5 * MS, 20);
-        let mut p = Planner::new(windows_first(), job.o.now_ns);
+        let cfg = Config {
+            graph_nodes,
+            ..windows_first()
+        };
+        let mut p = Planner::new(cfg, job.o.now_ns);
         // Eager so far: node level is given.
         p.request(
             Reason::Script,
@@ -1527,42 +1529,30 @@ mod tests {
             &job.o,
         );
         let plan = p.plan(&job.o);
+        let changes = run(&mut job, &mut p, 1_000);
+        assert_eq!(p.plan(&job.o).reason, Reason::Sample);
+        (p, plan, changes)
+    }
+
+    /// Once the process launches CUDA graphs, a request for node level gets kernel level (the
+    /// switch back from node level crashed a job in graph replay): no depth change at all under
+    /// the pin, and said once.
+    #[test]
+    fn node_level_is_not_switched_under_cuda_graphs() {
+        let (p, plan, changes) = node_request_under_the_pin(false);
         assert_eq!((plan.depth, plan.reason), (DEPTH_KERNELS, Reason::Agent));
         assert!(p.nodes_refused());
-        let changes = run(&mut job, &mut p, 1_000);
         assert!(changes.is_empty(), "{changes:?}");
-        assert_eq!(p.plan(&job.o).reason, Reason::Sample);
     }
 
     /// With `SLO_PROBE_GRAPH_NODES=1` the agent raises the depth to graph nodes under the pin;
     /// when its request ends the depth goes back to kernels, not to timing.
     #[test]
     fn a_request_under_the_pin_returns_to_kernels() {
-        let mut job = Job::new(5 * MS, 20);
-        job.graphs = 1;
-        let cfg = Config {
-            graph_nodes: true,
-            ..windows_first()
-        };
-        let mut p = Planner::new(cfg, job.o.now_ns);
-        run(&mut job, &mut p, 100);
-        assert!(p.pinned());
-        p.request(
-            Reason::Agent,
-            DEPTH_NODES,
-            DepthDuration::Tenths(10),
-            &job.o,
-        );
-        let plan = p.plan(&job.o);
+        let (p, plan, changes) = node_request_under_the_pin(true);
         assert_eq!((plan.depth, plan.reason), (DEPTH_NODES, Reason::Agent));
-        let changes = run(&mut job, &mut p, 1_000);
-        assert_eq!(
-            changes.first().map(|c| c.1),
-            Some(DEPTH_KERNELS),
-            "{changes:?}"
-        );
-        assert_eq!(changes.len(), 1, "{changes:?}");
-        assert_eq!(p.plan(&job.o).reason, Reason::Sample);
+        assert!(!p.nodes_refused());
+        assert_eq!(changes, [(changes[0].0, DEPTH_KERNELS)], "{changes:?}");
     }
 
     /// torch.compile under `reduce-overhead`: 30 s of compiling before the first step (a few
