@@ -81,6 +81,10 @@ pub const STATUS_DIAGNOSTIC: u64 = 1 << 3;
 pub const STATUS_RELEASED: u64 = 1 << 4;
 /// [`RingHeader::status`] bit: kernels are traced now (depth 1 or 2).
 pub const STATUS_KERNELS: u64 = 1 << 5;
+/// [`RingHeader::status`] bit: the process launches CUDA graphs and the shim answers requests
+/// for node level (depth 2) with kernel level (`SLO_PROBE_GRAPH_NODES`), so the agent does not
+/// ask it for node-level samples.
+pub const STATUS_NO_GRAPH_NODES: u64 = 1 << 6;
 
 /// Estimated time CUPTI itself spends on the launching thread per kernel record
 /// (`CONCURRENT_KERNEL` instrumentation), which the shim cannot measure: 4 µs. Calibrated with

@@ -16,7 +16,10 @@ use slo_probe_common::{
         DEPTH_KERNELS, DEPTH_NODES, DEPTH_OFF, DEPTH_REASON_DEFAULT, DEPTH_REASON_RELEASED,
         DEPTH_TIMING,
     },
-    ring::{decode_depth_request, encode_shim_depth, ShimDepth, STATUS_DIAGNOSTIC, STATUS_KERNELS},
+    ring::{
+        decode_depth_request, encode_shim_depth, ShimDepth, STATUS_DIAGNOSTIC, STATUS_KERNELS,
+        STATUS_NO_GRAPH_NODES,
+    },
     DepthRecord, Record, RecordHeader,
 };
 
@@ -437,6 +440,11 @@ impl Shim {
         let was_pinned = c.planner.pinned();
         let was_refused = c.planner.nodes_refused();
         let plan = c.planner.plan(o);
+        // Said before the agent asks (see `Config::graph_nodes`).
+        self.set_status(
+            STATUS_NO_GRAPH_NODES,
+            o.graph_launches > 0 && !c.planner.config().graph_nodes,
+        );
         if c.planner.nodes_refused() && !was_refused {
             say!(
                 "node-level tracing asked for, kernel level given: the process launches CUDA \

@@ -26,7 +26,10 @@ use slo_probe_common::{
         DEPTH_KERNELS, DEPTH_NODES, DEPTH_OFF, DEPTH_REASON_AGENT, DEPTH_REASON_DEFAULT,
         DEPTH_REASON_RELEASED, DEPTH_REASON_SAMPLE, DEPTH_REASON_SCRIPT, DEPTH_TIMING, STEP_END,
     },
-    ring::{decode_shim_depth, encode_depth_request, DepthDuration, Ring, ShimHello},
+    ring::{
+        decode_shim_depth, encode_depth_request, DepthDuration, Ring, ShimHello,
+        STATUS_NO_GRAPH_NODES,
+    },
     AnyRecord,
 };
 
@@ -529,8 +532,13 @@ fn cuda_graph_launches_pin_kernel_tracing() {
     ) else {
         return;
     };
-    let (_stream, _ring, depths, ends) = drain_child(&mut child, &listener, |_, _| {});
+    let (_stream, ring, depths, ends) = drain_child(&mut child, &listener, |_, _| {});
     assert!(child.wait().expect("wait").success(), "child failed");
+    // The status says it, so that the agent does not ask for node level.
+    assert_ne!(
+        ring.header().status.load(Ordering::Relaxed) & STATUS_NO_GRAPH_NODES,
+        0
+    );
     let end_of = |step: u64| {
         ends.iter()
             .find(|&&(s, _)| s == step)
