@@ -179,10 +179,36 @@ pub struct GraphNodeRecord {
     pub op_id: u32,
     /// [`NODE_CREATED`] or [`NODE_CLONED`].
     pub flags: u32,
-    /// Explicit padding; always 0.
-    pub _pad: u32,
+    /// For a kernel node created by capturing a kernel launch, its launch configuration as
+    /// [`encode_launch`] packs it; 0 where not known (a clone, another kind of node, a launch
+    /// the shim's callbacks did not see, or a shim that does not record it). Was padding, always
+    /// 0, before 2026-12-06: older recordings read as "not known".
+    pub launch: u32,
 }
 const _: () = assert!(size_of::<GraphNodeRecord>() == 40);
+
+/// Packs a kernel launch configuration into [`GraphNodeRecord::launch`]: threads per block in
+/// the low 11 bits (at most 1024), blocks in the grid above them (saturating at 2^21 - 1). 0 only
+/// for an empty launch.
+pub const fn encode_launch(grid: [u32; 3], block: [u32; 3]) -> u32 {
+    let threads = (block[0] as u64) * (block[1] as u64) * (block[2] as u64);
+    let blocks = (grid[0] as u64) * (grid[1] as u64) * (grid[2] as u64);
+    let threads = if threads > 0x7ff { 0x7ff } else { threads };
+    let blocks = if blocks > 0x1f_ffff {
+        0x1f_ffff
+    } else {
+        blocks
+    };
+    if threads == 0 || blocks == 0 {
+        return 0;
+    }
+    (threads | (blocks << 11)) as u32
+}
+
+/// Unpacks [`encode_launch`]: `(threads per block, blocks)`.
+pub const fn decode_launch(launch: u32) -> (u32, u32) {
+    (launch & 0x7ff, launch >> 11)
+}
 
 /// [`DepthRecord::depth`]: timing only. Step markers, CUDA-graph launches at graph level,
 /// memcpy and memset; no per-kernel records (eager kernels are not seen at all).
@@ -372,5 +398,30 @@ impl StringRecord<'_> {
             },
             len,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launch_configurations_pack_and_unpack() {
+        // The suite's Triton GELU: 131072 blocks of 128 threads, then 264 blocks of 32.
+        let normal = encode_launch([131_072, 1, 1], [128, 1, 1]);
+        let low = encode_launch([264, 1, 1], [32, 1, 1]);
+        assert_eq!(decode_launch(normal), (128, 131_072));
+        assert_eq!(decode_launch(low), (32, 264));
+        assert_ne!(normal, low);
+        assert_eq!(
+            decode_launch(encode_launch([8, 4, 2], [16, 16, 4])),
+            (1024, 64)
+        );
+        // Saturating, and 0 only for an empty launch.
+        assert_eq!(
+            decode_launch(encode_launch([u32::MAX, u32::MAX, 2], [1, 1, 1])),
+            (1, 0x1f_ffff)
+        );
+        assert_eq!(encode_launch([0, 1, 1], [32, 1, 1]), 0);
     }
 }

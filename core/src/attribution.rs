@@ -31,6 +31,7 @@ use std::{
 };
 
 use rustc_hash::FxHashMap;
+use slo_probe_common::gpu::decode_launch;
 
 use crate::{
     gputrace::{graph_id_of, GraphComposition, Iteration, OpKind},
@@ -668,9 +669,10 @@ pub fn refine_graph_cause(
 /// (`composition`, [`crate::gputrace::TraceAssembler::graph_composition`]): the graph it
 /// replaced is the one of the baseline, launched less often now, whose nodes by operator
 /// differ least from it; the named operator with the most nodes added takes the top, with the graph's dimension
-/// and delta. Returns whether it did; with no such graph, or nodes added by no named
-/// operator (a module launching the same kernels with another configuration), `a` is left as
-/// it is.
+/// and delta. Where no named operator added nodes, the named operator with the most kernel
+/// nodes captured under other launch configurations takes the top, as occupancy (where the
+/// capture recorded configurations: [`GraphComposition::launches`]). Returns whether it did;
+/// with no such graph or difference, `a` is left as it is.
 pub fn refine_graph_by_composition(
     a: &mut Attribution,
     baseline: &Profile,
@@ -684,7 +686,9 @@ pub fn refine_graph_by_composition(
     if !is_graph(top, baseline, now) || launched(baseline, &top.op) {
         return false;
     }
-    let Some(new) = graph_id_of(&top.op).and_then(|id| composition.get(&id)) else {
+    let Some((new_id, new)) =
+        graph_id_of(&top.op).and_then(|id| Some((id, composition.nodes.get(&id)?)))
+    else {
         return false;
     };
     let distance = |old: &BTreeMap<String, u32>| -> u64 {
@@ -710,7 +714,7 @@ pub fn refine_graph_by_composition(
         })
         .filter_map(|(op, _)| {
             let id = graph_id_of(&op.0)?;
-            Some((id, composition.get(&id)?))
+            Some((id, composition.nodes.get(&id)?))
         })
         .min_by_key(|(id, old)| (distance(old), *id));
     let Some((old_id, old)) = replaced else {
@@ -728,7 +732,7 @@ pub fn refine_graph_by_composition(
         .filter(|(_, more)| *more > 0)
         .max_by(|x, y| x.1.cmp(&y.1).then_with(|| y.0.cmp(x.0)));
     let Some((label, more)) = added else {
-        return false;
+        return refine_graph_by_launches(a, composition, new_id, old_id);
     };
     let nodes = |c: &BTreeMap<String, u32>| c.values().copied().map(u64::from).sum::<u64>();
     let graph = a.causes.remove(0);
@@ -744,6 +748,79 @@ pub fn refine_graph_by_composition(
         0,
         Cause {
             op: label.clone(),
+            detail,
+            ..graph
+        },
+    );
+    true
+}
+
+/// [`refine_graph_by_composition`] where graph `new_id` has the nodes of `old_id` it replaced:
+/// the named operator whose kernel nodes were captured under launch configurations most
+/// different from the old graph's takes the top cause, as occupancy.
+fn refine_graph_by_launches(
+    a: &mut Attribution,
+    composition: &GraphComposition,
+    new_id: u32,
+    old_id: u32,
+) -> bool {
+    let (Some(new), Some(old)) = (
+        composition.launches.get(&new_id),
+        composition.launches.get(&old_id),
+    ) else {
+        return false;
+    };
+    let empty = BTreeMap::new();
+    // Nodes of a label in one graph under a configuration the other graph has fewer of.
+    let only = |x: &BTreeMap<u32, u32>, y: &BTreeMap<u32, u32>| -> Vec<(u32, u32)> {
+        x.iter()
+            .filter_map(|(&l, &n)| {
+                let more = n.saturating_sub(y.get(&l).copied().unwrap_or(0));
+                (more > 0).then_some((l, more))
+            })
+            .collect()
+    };
+    let changed = new
+        .iter()
+        .filter(|(label, _)| !label.is_empty())
+        .filter_map(|(label, now)| {
+            let before = old.get(label).unwrap_or(&empty);
+            let (gone, came) = (only(before, now), only(now, before));
+            let n: u32 = came.iter().map(|c| c.1).sum();
+            (n > 0 && !gone.is_empty()).then_some((label, n, gone, came))
+        })
+        .max_by(|x, y| x.1.cmp(&y.1).then_with(|| y.0.cmp(x.0)));
+    let Some((label, n, gone, came)) = changed else {
+        return false;
+    };
+    let say = |v: &[(u32, u32)]| {
+        v.iter()
+            .map(|&(l, count)| {
+                let (threads, blocks) = decode_launch(l);
+                let times = if count > 1 {
+                    format!("{count}× ")
+                } else {
+                    String::new()
+                };
+                format!("{times}{blocks} blocks of {threads} threads")
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let graph = a.causes.remove(0);
+    let detail = format!(
+        "{n} of its kernel nodes in {} captured with another launch configuration than in \
+         graph#{old_id}, which that graph replaced ({} → {}): {}",
+        graph.op,
+        say(&gone),
+        say(&came),
+        graph.detail
+    );
+    a.causes.insert(
+        0,
+        Cause {
+            op: label.clone(),
+            dimension: Dimension::Occupancy,
             detail,
             ..graph
         },
@@ -1885,14 +1962,15 @@ mod tests {
         let comp = |pairs: &[(&str, u32)]| -> BTreeMap<String, u32> {
             pairs.iter().map(|(l, n)| ((*l).to_owned(), *n)).collect()
         };
-        let mut composition = GraphComposition::new();
-        composition.insert(5, comp(&[("", 116), ("blocks.1.mlp", 5)]));
-        composition.insert(8, comp(&[("", 378), ("blocks.1.mlp", 12)]));
-        composition.insert(
+        let mut composition = GraphComposition::default();
+        let nodes = &mut composition.nodes;
+        nodes.insert(5, comp(&[("", 116), ("blocks.1.mlp", 5)]));
+        nodes.insert(8, comp(&[("", 378), ("blocks.1.mlp", 12)]));
+        nodes.insert(
             17,
             comp(&[("", 121), ("blocks.1.mlp", 5), ("blocks.2.attn.extra", 4)]),
         );
-        composition.insert(20, comp(&[("", 378), ("blocks.1.mlp", 12)]));
+        nodes.insert(20, comp(&[("", 378), ("blocks.1.mlp", 12)]));
         let mut a = attribute(&before, &now).expect("attribution");
         assert_eq!(a.top().map(|c| c.op.as_str()), Some("graph#17"));
         let sum = |a: &Attribution| a.causes.iter().map(|c| c.delta_ns).sum::<f64>();
@@ -1922,14 +2000,16 @@ mod tests {
             &now,
             &composition
         ));
-        // Captured again with the same nodes (another launch configuration): nothing to name.
+        // Captured again with the same nodes, without launch configurations recorded: nothing
+        // to name.
         let mut same = composition.clone();
-        same.insert(17, comp(&[("", 116), ("blocks.1.mlp", 5)]));
+        same.nodes
+            .insert(17, comp(&[("", 116), ("blocks.1.mlp", 5)]));
         let mut b = attribute(&before, &now).expect("attribution");
         assert!(!refine_graph_by_composition(&mut b, &before, &now, &same));
         assert_eq!(b.top().map(|c| c.op.as_str()), Some("graph#17"));
         // Without the capture records of the new graph, nothing either.
-        composition.remove(&17);
+        composition.nodes.remove(&17);
         assert!(!refine_graph_by_composition(
             &mut b,
             &before,
@@ -1948,6 +2028,65 @@ mod tests {
         let mut c = attribute(&before, &grown).expect("attribution");
         assert_eq!(c.top().map(|c| c.op.as_str()), Some("graph#5"));
         assert!(!refine_graph_by_composition(&mut c, &before, &grown, &same));
+    }
+
+    /// Low occupancy inside a recaptured graph (the suite's A-04-ro and A-09-ro): the same
+    /// nodes, but the Triton GELU of `blocks.2.mlp.act` captured at 264 blocks of 32 threads
+    /// instead of 131072 of 128 (forward and backward), as the shim records it at capture with
+    /// `SLO_PROBE_CAPTURE_LAUNCH=1`.
+    #[test]
+    fn a_new_graph_with_the_same_nodes_is_named_by_its_changed_launch_configuration() {
+        use slo_probe_common::gpu::encode_launch;
+        const G: OpKind = OpKind::Graph;
+        let before = profile(20, &[("graph#5", G, 8_000_000, 0, 0.5)], 0);
+        let now = profile(20, &[("graph#26", G, 15_000_000, 0, 0.5)], 0);
+        let normal = encode_launch([131_072, 1, 1], [128, 1, 1]);
+        let low = encode_launch([264, 1, 1], [32, 1, 1]);
+        let matmul = encode_launch([128, 4, 1], [256, 1, 1]);
+        let labels = |act: u32| -> BTreeMap<String, BTreeMap<u32, u32>> {
+            [
+                ("blocks.2.mlp.act".to_owned(), [(act, 2)].into()),
+                ("blocks.2.mlp".to_owned(), [(matmul, 4)].into()),
+                (String::new(), [(matmul, 100)].into()),
+            ]
+            .into()
+        };
+        let comp: BTreeMap<String, u32> = [
+            ("".to_owned(), 100),
+            ("blocks.2.mlp".to_owned(), 4),
+            ("blocks.2.mlp.act".to_owned(), 2),
+        ]
+        .into();
+        let mut c = GraphComposition::default();
+        c.nodes.insert(5, comp.clone());
+        c.nodes.insert(26, comp);
+        c.launches.insert(5, labels(normal));
+        c.launches.insert(26, labels(low));
+        let mut a = attribute(&before, &now).expect("attribution");
+        assert_eq!(a.top().map(|c| c.op.as_str()), Some("graph#26"));
+        assert!(refine_graph_by_composition(&mut a, &before, &now, &c));
+        let top = a.top().expect("top");
+        assert_eq!(
+            (top.op.as_str(), top.dimension),
+            ("blocks.2.mlp.act", Dimension::Occupancy),
+            "{a:?}"
+        );
+        assert!(
+            top.detail.starts_with(
+                "2 of its kernel nodes in graph#26 captured with another launch configuration \
+                 than in graph#5, which that graph replaced (2× 131072 blocks of 128 threads → \
+                 2× 264 blocks of 32 threads)"
+            ),
+            "{}",
+            top.detail
+        );
+        // The same configurations: nothing to name.
+        c.launches.insert(26, labels(normal));
+        let mut b = attribute(&before, &now).expect("attribution");
+        assert!(!refine_graph_by_composition(&mut b, &before, &now, &c));
+        // Only the old graph's configurations recorded: nothing either.
+        c.launches.remove(&26);
+        assert!(!refine_graph_by_composition(&mut b, &before, &now, &c));
     }
 
     #[test]

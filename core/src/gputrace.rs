@@ -477,9 +477,16 @@ pub fn graph_id_of(label: &str) -> Option<u32> {
     label.strip_prefix("graph#")?.parse().ok()
 }
 
-/// Nodes of each CUDA graph (by graph id) per label of the operator that captured them
-/// ([`TraceAssembler::graph_composition`]).
-pub type GraphComposition = BTreeMap<u32, BTreeMap<String, u32>>;
+/// What each CUDA graph (by graph id) was captured from ([`TraceAssembler::graph_composition`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GraphComposition {
+    /// Its nodes per label of the operator that captured them (`""`: none).
+    pub nodes: BTreeMap<u32, BTreeMap<String, u32>>,
+    /// Its kernel nodes per label and launch configuration
+    /// ([`slo_probe_common::gpu::encode_launch`]), where the capture recorded them (a shim with
+    /// `SLO_PROBE_CAPTURE_LAUNCH=1`): `launch → nodes`.
+    pub launches: BTreeMap<u32, BTreeMap<String, BTreeMap<u32, u32>>>,
+}
 
 /// Operators kept per graph by [`TraceAssembler::graph_ops`].
 pub const GRAPH_OPS: usize = 8;
@@ -641,7 +648,8 @@ pub fn is_comm_kernel(name: &str) -> bool {
 pub struct TraceAssembler {
     names: HashMap<u32, String>,
     ops: HashMap<u32, String>,
-    node_ops: FxHashMap<u64, u32>,
+    /// Each graph node's operator and launch configuration (0: not known).
+    node_ops: FxHashMap<u64, (u32, u32)>,
     pending: Vec<Activity>,
     /// How many of the first pending activities are in anchor order (a take leaves them all
     /// sorted; what came since is after them): only the rest is sorted on the next take.
@@ -656,9 +664,10 @@ pub struct TraceAssembler {
     graph_contents: FxHashMap<u32, FxHashMap<(u32, u32), u64>>,
     /// Whether `graph_contents` grew since [`TraceAssembler::graph_ops`] was last asked.
     graph_contents_changed: bool,
-    /// Nodes of each graph by the operator that captured them (0: none), from the node
-    /// records (the capture, and the clones instantiation makes).
-    graph_nodes: FxHashMap<u32, FxHashMap<u32, u32>>,
+    /// Nodes of each graph by the operator that captured them (0: none) and their launch
+    /// configuration (0: not known), from the node records (the capture, and the clones
+    /// instantiation makes).
+    graph_nodes: FxHashMap<u32, FxHashMap<(u32, u32), u32>>,
     /// Whether `graph_nodes` grew since [`TraceAssembler::graph_composition`] was last asked.
     graph_nodes_changed: bool,
     table: OpTable,
@@ -884,9 +893,10 @@ impl TraceAssembler {
         Some(out)
     }
 
-    /// Counts a node of `graph` captured under operator `op` (0: none), within
-    /// [`MAX_GRAPHS`] graphs and [`MAX_GRAPH_ENTRIES`] entries.
-    fn count_graph_node(&mut self, graph: u32, op: u32) {
+    /// Counts a node of `graph` captured under operator `op.0` (0: none) with launch
+    /// configuration `op.1` (0: not known), within [`MAX_GRAPHS`] graphs and
+    /// [`MAX_GRAPH_ENTRIES`] entries.
+    fn count_graph_node(&mut self, graph: u32, op: (u32, u32)) {
         if !self.graph_nodes.contains_key(&graph) && self.graph_nodes.len() >= MAX_GRAPHS {
             self.capped += 1;
             return;
@@ -913,19 +923,31 @@ impl TraceAssembler {
         if !std::mem::take(&mut self.graph_nodes_changed) {
             return None;
         }
-        let mut out = GraphComposition::new();
+        let mut out = GraphComposition::default();
         for (&graph, ops) in &self.graph_nodes {
             let mut by_label: BTreeMap<String, u32> = BTreeMap::new();
-            for (&op, &n) in ops {
+            let mut launches: BTreeMap<String, BTreeMap<u32, u32>> = BTreeMap::new();
+            for (&(op, launch), &n) in ops {
                 let label = if op == 0 {
                     String::new()
                 } else {
                     self.ops.get(&op).cloned().unwrap_or_default()
                 };
+                if launch != 0 {
+                    let sum = launches
+                        .entry(label.clone())
+                        .or_default()
+                        .entry(launch)
+                        .or_default();
+                    *sum = sum.saturating_add(n);
+                }
                 let sum = by_label.entry(label).or_default();
                 *sum = sum.saturating_add(n);
             }
-            out.insert(graph, by_label);
+            out.nodes.insert(graph, by_label);
+            if !launches.is_empty() {
+                out.launches.insert(graph, launches);
+            }
         }
         Some(out)
     }
@@ -958,7 +980,7 @@ impl TraceAssembler {
                     a.occupancy = slot.1;
                 }
                 if a.op_id == 0 && k.graph_node_id != 0 {
-                    a.op_id = self.node_ops.get(&k.graph_node_id).copied().unwrap_or(0);
+                    a.op_id = self.node_ops.get(&k.graph_node_id).map_or(0, |n| n.0);
                 }
                 if k.graph_id != 0 {
                     // A node of a graph launch traced at node level: one launch per
@@ -1032,15 +1054,22 @@ impl TraceAssembler {
             },
             AnyRecord::GraphNode(n) => {
                 self.seen[3] += 1;
+                // A clone has its original's operator and launch configuration.
+                let original = self.node_ops.get(&n.original_node_id).copied();
                 let op = if n.op_id != 0 {
                     n.op_id
                 } else {
-                    self.node_ops.get(&n.original_node_id).copied().unwrap_or(0)
+                    original.map_or(0, |o| o.0)
                 };
-                if op != 0 && self.node_ops.len() < MAX_NODE_OPS {
-                    self.node_ops.insert(n.node_id, op);
+                let launch = if n.launch != 0 {
+                    n.launch
+                } else {
+                    original.map_or(0, |o| o.1)
+                };
+                if (op != 0 || launch != 0) && self.node_ops.len() < MAX_NODE_OPS {
+                    self.node_ops.insert(n.node_id, (op, launch));
                 }
-                self.count_graph_node(n.graph_id, op);
+                self.count_graph_node(n.graph_id, (op, launch));
                 return;
             }
             AnyRecord::String(s) => {
@@ -2489,7 +2518,9 @@ mod tests {
     }
 
     /// A graph's composition counts its nodes by the operator that captured them, a clone by
-    /// its original's; nodes of graphs beyond [`MAX_GRAPHS`] are counted as capped.
+    /// its original's, and the kernel nodes by their launch configuration where the capture
+    /// recorded it (a clone by its original's); nodes of graphs beyond [`MAX_GRAPHS`] are
+    /// counted as capped.
     #[test]
     fn graph_composition_counts_nodes_by_their_capturing_operator() {
         use slo_probe_common::gpu::{GraphNodeRecord, NODE_CLONED, NODE_CREATED};
@@ -2499,6 +2530,7 @@ mod tests {
             let (r, _) = slo_probe_common::decode(&b).expect("string");
             t.push(&r);
         }
+        let launch = slo_probe_common::gpu::encode_launch([264, 1, 1], [32, 1, 1]);
         let node = |node_id: u64, original: u64, graph_id: u32, op_id: u32| GraphNodeRecord {
             header: RecordHeader::of::<GraphNodeRecord>(),
             node_id,
@@ -2510,7 +2542,12 @@ mod tests {
             } else {
                 NODE_CLONED
             },
-            _pad: 0,
+            // The mlp's nodes were captured with a known configuration.
+            launch: if original == 0 && op_id == 5 {
+                launch
+            } else {
+                0
+            },
         };
         // Captured in graph 4: two nodes of the mlp, one of the extra, one outside operators;
         // instantiated as graph 5 (clones), which adds a node of its own.
@@ -2526,9 +2563,13 @@ mod tests {
             pairs.iter().map(|(l, n)| ((*l).to_owned(), *n)).collect()
         };
         let four = want(&[("", 1), ("blocks.1.mlp", 2), ("blocks.2.attn.extra", 1)]);
-        assert_eq!(c.get(&4), Some(&four));
+        assert_eq!(c.nodes.get(&4), Some(&four));
         let five = want(&[("", 2), ("blocks.1.mlp", 2), ("blocks.2.attn.extra", 1)]);
-        assert_eq!(c.get(&5), Some(&five));
+        assert_eq!(c.nodes.get(&5), Some(&five));
+        let mlp: BTreeMap<String, BTreeMap<u32, u32>> =
+            [("blocks.1.mlp".to_owned(), [(launch, 2)].into())].into();
+        assert_eq!(c.launches.get(&4), Some(&mlp));
+        assert_eq!(c.launches.get(&5), Some(&mlp), "clones keep it");
         assert!(t.graph_composition().is_none(), "nothing new since");
         let capped = t.capped;
         for g in 0..MAX_GRAPHS as u32 {
@@ -2540,7 +2581,7 @@ mod tests {
             )));
         }
         let c = t.graph_composition().expect("changed");
-        assert_eq!(c.len(), MAX_GRAPHS);
+        assert_eq!(c.nodes.len(), MAX_GRAPHS);
         assert_eq!(t.capped - capped, 2, "two graphs beyond the cap");
     }
 

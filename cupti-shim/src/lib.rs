@@ -71,8 +71,9 @@ use crossbeam_queue::ArrayQueue;
 use error::ShimError;
 use slo_probe_common::{
     gpu::{
-        DEPTH_NODES, DEPTH_OFF, DEPTH_REASON_DEFAULT, DEPTH_TIMING, KERNEL_DIAGNOSTIC, NODE_CLONED,
-        NODE_CREATED, STEP_BEGIN, STEP_END, STRING_KERNEL, STRING_MAX, STRING_OP,
+        encode_launch, DEPTH_NODES, DEPTH_OFF, DEPTH_REASON_DEFAULT, DEPTH_TIMING,
+        KERNEL_DIAGNOSTIC, NODE_CLONED, NODE_CREATED, STEP_BEGIN, STEP_END, STRING_KERNEL,
+        STRING_MAX, STRING_OP,
     },
     ring::{
         encode_depth_request, encode_shim_depth, next_generation, DepthDuration, ShimDepth,
@@ -331,6 +332,60 @@ static FLUSHER: OnceLock<Thread> = OnceLock::new();
 thread_local! {
     static OPS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
     static TID: Cell<u32> = const { Cell::new(0) };
+    /// The launch configuration of the kernel launch this thread is in (between its callback's
+    /// enter and exit; `encode_launch`), for the graph node its capture creates.
+    static LAUNCH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Kernel nodes carry their launch configuration from the captured launch
+/// (`SLO_PROBE_CAPTURE_LAUNCH=1`; off by default until it has run on a GPU): a graph captured
+/// again with the same nodes under other launch configurations (a module switched to a
+/// lower-occupancy launch under `reduce-overhead`) can then be told apart by configuration.
+static CAPTURE_LAUNCH: AtomicBool = AtomicBool::new(false);
+
+/// The launch configuration in a kernel launch's API parameters (`encode_launch`; 0 when not
+/// a kernel launch, or unreadable).
+///
+/// # Safety
+/// `params` is null or the `functionParams` CUPTI passes for `(domain, cbid)` at the API's
+/// enter site.
+unsafe fn launch_of(domain: u32, cbid: u32, params: *const u8) -> u32 {
+    use cudarc::cupti::sys::{
+        cuLaunchKernel_params_st as Drv, cudaLaunchKernel_v7000_params_st as Rt,
+    };
+    if params.is_null() {
+        return 0;
+    }
+    let dims = |p: *const u8, grid: usize, block: usize| {
+        // SAFETY: (caller) `p` points at six u32 at these offsets.
+        let at = |o: usize| unsafe { std::ptr::read_unaligned(p.add(o).cast::<[u32; 3]>()) };
+        encode_launch(at(grid), at(block))
+    };
+    // The `_ptsz` variants have the same parameters as the plain ones; cuLaunchKernelEx and
+    // cudaLaunchKernelExC take a pointer to a configuration that starts with the grid and the
+    // block (CUlaunchConfig, cudaLaunchConfig_t).
+    match (domain, cbid) {
+        (DOMAIN_DRIVER, 307 | 442) => dims(
+            params,
+            std::mem::offset_of!(Drv, gridDimX),
+            std::mem::offset_of!(Drv, blockDimX),
+        ),
+        (DOMAIN_RUNTIME, 211 | 214) => dims(
+            params,
+            std::mem::offset_of!(Rt, gridDim),
+            std::mem::offset_of!(Rt, blockDim),
+        ),
+        (DOMAIN_DRIVER, 652 | 653) | (DOMAIN_RUNTIME, 430 | 431) => {
+            // SAFETY: (caller) the first parameter is the configuration's pointer.
+            let config = unsafe { std::ptr::read_unaligned(params.cast::<*const u8>()) };
+            if config.is_null() {
+                0
+            } else {
+                dims(config, 0, 12)
+            }
+        }
+        _ => 0,
+    }
 }
 
 use slo_probe_common::host::monotonic_ns as now_ns;
@@ -387,6 +442,7 @@ fn shim() -> &'static Shim {
         // SAFETY: registering a function with no preconditions.
         unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
         let log = env_flag("SLO_PROBE_SHIM_LOG");
+        CAPTURE_LAUNCH.store(env_flag("SLO_PROBE_CAPTURE_LAUNCH"), Ordering::Relaxed);
         let socket = std::env::var_os("SLO_PROBE_SOCKET")
             .map(PathBuf::from)
             .unwrap_or_else(|| transport::DEFAULT_SOCKET.into());
@@ -907,19 +963,38 @@ fn launch_callback(s: &Shim, domain: u32, cbid: u32, data: *const c_void) {
             std::ptr::read_unaligned(p.add(std::mem::offset_of!(Cb, correlationId)).cast::<u32>()),
         )
     };
+    let capture = CAPTURE_LAUNCH.load(Ordering::Relaxed);
     if site != 0 {
-        return; // exit site: nothing to do
+        // Exit site: the launch is over (its node, if captured, was created during it).
+        if capture {
+            LAUNCH.with(|l| l.set(0));
+        }
+        return;
     }
     let t0 = now_ns();
     let h = &s.hot;
     if !control::is_copy(domain, cbid) {
-        let counter = match (domain, control::is_graph_launch(domain, cbid)) {
+        let graph = control::is_graph_launch(domain, cbid);
+        let counter = match (domain, graph) {
             (DOMAIN_DRIVER, false) => &h.kernels_driver,
             (DOMAIN_DRIVER, true) => &h.graphs_driver,
             (_, false) => &h.kernels_runtime,
             (_, true) => &h.graphs_runtime,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+        if capture && !graph {
+            // SAFETY: CUPTI passes a CUpti_CallbackData whose functionParams are this API's
+            // parameters, valid during the callback.
+            let launch = unsafe {
+                let params = std::ptr::read_unaligned(
+                    data.cast::<u8>()
+                        .add(std::mem::offset_of!(Cb, functionParams))
+                        .cast::<*const u8>(),
+                );
+                launch_of(domain, cbid, params)
+            };
+            LAUNCH.with(|l| l.set(launch));
+        }
     }
     let slot = &s.corr[corr as usize & (CORR_SLOTS - 1)];
     // Invalidate, fill, publish: a reader that sees `corr` sees these fields.
@@ -988,7 +1063,12 @@ fn resource_callback(s: &Shim, cbid: u32, data: *const c_void) {
         } else {
             NODE_CLONED
         },
-        _pad: 0,
+        // The kernel launch being captured on this thread, if any (0 otherwise).
+        launch: if cbid == CBID_GRAPHNODE_CREATED {
+            LAUNCH.with(Cell::get)
+        } else {
+            0
+        },
     }));
 }
 
@@ -1514,6 +1594,58 @@ pub extern "C" fn slo_probe_flush() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The launch configuration read from each kernel-launch API's parameters, as CUPTI passes
+    /// them (the bindings' layouts).
+    #[test]
+    fn launch_configurations_are_read_from_the_launch_parameters() {
+        use cudarc::cupti::sys::{
+            cuLaunchKernel_params_st as Drv, cudaLaunchKernel_v7000_params_st as Rt,
+        };
+        use slo_probe_common::gpu::decode_launch;
+        // SAFETY: plain C structs of integers and pointers; all-zero is valid.
+        let mut d: Drv = unsafe { std::mem::zeroed() };
+        (
+            d.gridDimX,
+            d.gridDimY,
+            d.blockDimX,
+            d.blockDimY,
+            d.blockDimZ,
+        ) = (264, 2, 32, 1, 1);
+        d.gridDimZ = 1;
+        let mut r: Rt = unsafe { std::mem::zeroed() };
+        (r.gridDim.x, r.gridDim.y, r.gridDim.z) = (131_072, 1, 1);
+        (r.blockDim.x, r.blockDim.y, r.blockDim.z) = (128, 1, 1);
+        // cuLaunchKernelEx / cudaLaunchKernelExC: a pointer to a configuration.
+        let config: [u32; 8] = [8, 1, 1, 256, 1, 1, 0, 0];
+        let ex: [*const u32; 4] = [
+            config.as_ptr(),
+            std::ptr::null(),
+            std::ptr::null(),
+            std::ptr::null(),
+        ];
+        let null_ex: [*const u32; 4] = [std::ptr::null(); 4];
+        let read =
+            |domain, cbid, p: *const u8| decode_launch(unsafe { launch_of(domain, cbid, p) });
+        let dp = (&raw const d).cast::<u8>();
+        let rp = (&raw const r).cast::<u8>();
+        assert_eq!(read(DOMAIN_DRIVER, 307, dp), (32, 528));
+        assert_eq!(read(DOMAIN_DRIVER, 442, dp), (32, 528));
+        assert_eq!(read(DOMAIN_RUNTIME, 211, rp), (128, 131_072));
+        assert_eq!(read(DOMAIN_RUNTIME, 214, rp), (128, 131_072));
+        for (domain, cbid) in [
+            (DOMAIN_DRIVER, 652),
+            (DOMAIN_DRIVER, 653),
+            (DOMAIN_RUNTIME, 430),
+            (DOMAIN_RUNTIME, 431),
+        ] {
+            assert_eq!(read(domain, cbid, ex.as_ptr().cast()), (256, 8));
+            assert_eq!(read(domain, cbid, null_ex.as_ptr().cast()), (0, 0));
+        }
+        // Not a kernel launch, or no parameters: nothing.
+        assert_eq!(read(DOMAIN_DRIVER, 514, dp), (0, 0));
+        assert_eq!(read(DOMAIN_RUNTIME, 211, std::ptr::null()), (0, 0));
+    }
 
     #[test]
     fn default_buffers_are_kib_sized_not_kib_counts() {
