@@ -4,6 +4,9 @@
  * as CUPTI does, and hands out and completes an empty activity buffer at every flush.
  *
  * Test-side entry points: fake_launch(domain, cbid, correlation) -> 1 when delivered;
+ * fake_capture(correlation, node, grid_x, block_x) -> a cuLaunchKernel captured into graph 9 as
+ * graph node `node`: the launch callback's enter (with the launch's parameters), the node-created
+ * resource callback, the exit (1 when delivered);
  * fake_log() -> every call so far ("cb+ 2:211", "enable 10", "flush", ...; repeated flushes
  * are logged once). */
 #include <pthread.h>
@@ -63,6 +66,48 @@ int fake_launch(uint32_t domain, uint32_t cbid, uint32_t correlation) {
     callback(userdata, domain, cbid, &d);
     d.callbackSite = 1; /* exit */
     callback(userdata, domain, cbid, &d);
+    return 1;
+}
+
+/* cuLaunchKernel_params_st and CUpti_ResourceData / CUpti_GraphData (cupti_callbacks.h,
+ * generated_cuda_meta.h), the fields the shim reads. */
+typedef struct {
+    void *f;
+    uint32_t grid[3], block[3], shared_mem;
+    void *stream, **params, **extra;
+} launch_params;
+typedef struct {
+    void *graph, *original_graph, *node, *original_node;
+    uint32_t node_type;
+    void *dependency, *graph_exec;
+} graph_data;
+typedef struct {
+    void *context;
+    void *handle;
+    void *descriptor;
+} resource_data;
+
+int fake_capture(uint32_t correlation, uint64_t node, uint32_t grid_x, uint32_t block_x) {
+    if (!enabled[1][307] || callback == NULL) return 0;
+    launch_params p;
+    memset(&p, 0, sizeof p);
+    p.grid[0] = grid_x, p.grid[1] = 1, p.grid[2] = 1;
+    p.block[0] = block_x, p.block[1] = 1, p.block[2] = 1;
+    callback_data d;
+    memset(&d, 0, sizeof d);
+    d.correlationId = correlation;
+    d.functionParams = &p;
+    callback(userdata, 1, 307, &d);
+    if (enabled[3][13]) {
+        graph_data g;
+        memset(&g, 0, sizeof g);
+        g.graph = (void *)(uintptr_t)9;
+        g.node = (void *)(uintptr_t)node;
+        resource_data r = {NULL, NULL, &g};
+        callback(userdata, 3, 13, &r);
+    }
+    d.callbackSite = 1;
+    callback(userdata, 1, 307, &d);
     return 1;
 }
 
@@ -132,5 +177,6 @@ uint32_t cuptiActivityGetNumDroppedRecords(void *ctx, uint32_t stream, size_t *n
     *n = 0;
     return 0;
 }
-uint32_t cuptiGetGraphNodeId(void *node, uint64_t *id) { (void)node; *id = 0; return 0; }
-uint32_t cuptiGetGraphId(void *graph, uint32_t *id) { (void)graph; *id = 0; return 0; }
+/* The fake's handles are their ids (fake_capture). */
+uint32_t cuptiGetGraphNodeId(void *node, uint64_t *id) { *id = (uint64_t)(uintptr_t)node; return 0; }
+uint32_t cuptiGetGraphId(void *graph, uint32_t *id) { *id = (uint32_t)(uintptr_t)graph; return 0; }

@@ -23,8 +23,9 @@ use std::{
 use slo_probe_common::{
     decode,
     gpu::{
-        DEPTH_KERNELS, DEPTH_NODES, DEPTH_OFF, DEPTH_REASON_AGENT, DEPTH_REASON_DEFAULT,
-        DEPTH_REASON_RELEASED, DEPTH_REASON_SAMPLE, DEPTH_REASON_SCRIPT, DEPTH_TIMING, STEP_END,
+        encode_launch, DEPTH_KERNELS, DEPTH_NODES, DEPTH_OFF, DEPTH_REASON_AGENT,
+        DEPTH_REASON_DEFAULT, DEPTH_REASON_RELEASED, DEPTH_REASON_SAMPLE, DEPTH_REASON_SCRIPT,
+        DEPTH_TIMING, STEP_END,
     },
     ring::{
         decode_shim_depth, encode_depth_request, DepthDuration, Ring, ShimHello,
@@ -62,6 +63,8 @@ fn child_process() {
     use slo_probe_cupti::*;
     assert_eq!(InitializeInjection(), 1);
     let launch: extern "C" fn(u32, u32, u32) -> i32 = fake_fn(c"fake_launch");
+    let capture: extern "C" fn(u32, u64, u32, u32) -> i32 = fake_fn(c"fake_capture");
+    let mut captured = 0;
     let log: extern "C" fn() -> *const libc::c_char = fake_fn(c"fake_log");
     let mut corr = 1u32;
     let mut delivered = 0;
@@ -83,6 +86,11 @@ fn child_process() {
                 corr += 1;
             }
         }
+        if graphs_from > 0 && (60..64).contains(&step) {
+            // torch recapturing a graph: a kernel of 264 blocks of 32 threads, then 528 of 64.
+            captured += capture(corr, 1000 + step, 264 << (step - 60), 32 << (step - 60));
+            corr += 1;
+        }
         std::thread::sleep(Duration::from_millis(STEP_MS));
         slo_probe_step_end(step);
         match step {
@@ -99,6 +107,7 @@ fn child_process() {
     let calls = unsafe { std::ffi::CStr::from_ptr(log()) }.to_string_lossy();
     println!("FAKE:depth {}", slo_probe_depth());
     println!("FAKE:delivered {delivered}");
+    println!("FAKE:captured {captured}");
     println!("FAKE:calls {calls}");
     std::thread::sleep(Duration::from_millis(100));
 }
@@ -332,6 +341,7 @@ fn spawn_child(
     .env("SLO_PROBE_HOLD_LAG_MS", "0")
     .env_remove("SLO_PROBE_GRAPH_FLOOR")
     .env_remove("SLO_PROBE_GRAPH_NODES")
+    .env_remove("SLO_PROBE_CAPTURE_LAUNCH")
     .env_remove("SLO_PROBE_DEPTH")
     .env_remove("SLO_PROBE_DIAGNOSTIC")
     .stdout(Stdio::piped());
@@ -345,15 +355,26 @@ fn spawn_child(
 /// Plays the agent until `child` exits: takes its registration on `listener`, and drains its
 /// ring, calling `tick` with the ring and the step ends so far after each drain. Returns the
 /// connection (open), the ring, the depth records and the step ends (step, time).
+/// What [`drain_child`] read: the connection, the ring, depth records, step ends (step, ns),
+/// graph nodes (node id, launch configuration).
+type Drained = (
+    UnixStream,
+    Ring,
+    Vec<Depth>,
+    Vec<(u64, u64)>,
+    Vec<(u64, u32)>,
+);
+
 fn drain_child(
     child: &mut Child,
     listener: &UnixListener,
     mut tick: impl FnMut(&Ring, usize),
-) -> (UnixStream, Ring, Vec<Depth>, Vec<(u64, u64)>) {
+) -> Drained {
     let deadline = Instant::now() + Duration::from_secs(30);
     let (stream, ring) = registered_ring(listener, deadline);
     let mut buf = vec![0u8; 1 << 16];
     let (mut depths, mut ends) = (Vec::<Depth>::new(), Vec::<(u64, u64)>::new());
+    let mut nodes = Vec::new();
     loop {
         let exited = child.try_wait().expect("wait").is_some();
         ring.drain(&mut buf, |r| match decode(r) {
@@ -363,11 +384,12 @@ fn drain_child(
                 reason: d.reason,
             }),
             Ok((AnyRecord::Step(s), _)) if s.phase == STEP_END => ends.push((s.step, s.ts_ns)),
+            Ok((AnyRecord::GraphNode(n), _)) => nodes.push((n.node_id, n.launch)),
             _ => {}
         });
         tick(&ring, ends.len());
         if exited {
-            return (stream, ring, depths, ends);
+            return (stream, ring, depths, ends, nodes);
         }
         assert!(Instant::now() < deadline, "the child did not finish");
         std::thread::sleep(Duration::from_millis(5));
@@ -396,7 +418,7 @@ fn depth_control_loop_against_a_fake_cupti() {
         return;
     };
     let mut asked = false;
-    let (_stream, ring, depths, ends) = drain_child(&mut child, &listener, |ring, ends| {
+    let (_stream, ring, depths, ends, _) = drain_child(&mut child, &listener, |ring, ends| {
         if !asked && ends >= 80 {
             // The agent asks for kernels during 4 steps.
             ring.header().control.store(
@@ -516,7 +538,8 @@ fn depth_control_loop_against_a_fake_cupti() {
 
 /// A job that launches its first CUDA graph at step 40 (the fake's graph-launch callback):
 /// sample windows come and go before it; from it on, kernel tracing stays on (depth 1, reason
-/// sample) until CUPTI is handed over at step 110; the script's depth-2 request gets depth 1.
+/// sample) until CUPTI is handed over at step 110; the script's depth-2 request gets depth 1;
+/// kernel launches captured into a graph give their nodes their launch configuration.
 #[test]
 fn cuda_graph_launches_pin_kernel_tracing() {
     if std::env::var_os(CHILD).is_some() {
@@ -528,12 +551,22 @@ fn cuda_graph_launches_pin_kernel_tracing() {
         &[
             ("SLO_PROBE_SAMPLE_EVERY", "10"),
             ("SLO_PROBE_SAMPLE_STEPS", "2"),
+            ("SLO_PROBE_CAPTURE_LAUNCH", "1"),
         ],
     ) else {
         return;
     };
-    let (_stream, ring, depths, ends) = drain_child(&mut child, &listener, |_, _| {});
+    let (_stream, ring, depths, ends, nodes) = drain_child(&mut child, &listener, |_, _| {});
     assert!(child.wait().expect("wait").success(), "child failed");
+    // The kernel launches captured at steps 60-63 (kernel tracing pinned on): each node carries
+    // its launch's configuration, read from the launch callback's parameters.
+    let want: Vec<(u64, u32)> = (0..4)
+        .map(|i| {
+            let launch = encode_launch([264 << i, 1, 1], [32 << i, 1, 1]);
+            (1060 + i, launch)
+        })
+        .collect();
+    assert_eq!(nodes, want);
     // The status says it, so that the agent does not ask for node level.
     assert_ne!(
         ring.header().status.load(Ordering::Relaxed) & STATUS_NO_GRAPH_NODES,
