@@ -366,7 +366,9 @@ impl Attribution {
 
     /// The causal chain, e.g. `iteration p99 +38% (17.3 ms → 23.9 ms) ← ncclDevKernel_AllReduce
     /// +6.4 ms per iteration (communication) ← 214 TCP retransmits on 10.0.0.1:41000 ->
-    /// 10.0.0.2:29500`. `head` names the SLO and its change.
+    /// 10.0.0.2:29500`. `head` names the SLO and its change. Without a cause where the
+    /// iterations did not grow, it says so (a node that breached while the step did not slow:
+    /// idle time that moved from before the first kernel to between kernels).
     pub fn chain(&self, head: &str) -> String {
         let mut s = head.to_owned();
         if let Some(c) = self.top() {
@@ -377,6 +379,13 @@ impl Attribution {
                 c.delta_ns / 1e6,
                 c.dimension.as_str(),
                 c.detail
+            );
+        } else if self.iteration_ns.1 <= self.iteration_ns.0 && self.traced.1 > 0 {
+            let _ = write!(
+                s,
+                " ← no operator: the iterations did not grow (mean {} → {})",
+                ms(self.iteration_ns.0),
+                ms(self.iteration_ns.1)
             );
         }
         if let Some(h) = self.host.first() {
@@ -1764,6 +1773,36 @@ mod tests {
                 && chain.ends_with("← 214 TCP retransmits on 10.0.0.1:41000 -> 10.0.0.2:29500 (2.1 per iteration; was 0.0)"),
             "{chain}"
         );
+    }
+
+    /// A node that breached while the iterations got no slower (the suite's B-03-ro: launch
+    /// gaps grew where the idle before the first kernel shrank) has no operator to blame, and
+    /// its chain says why rather than nothing.
+    #[test]
+    fn a_chain_without_a_cause_says_the_iterations_did_not_grow() {
+        let a = Attribution {
+            iteration_ns: (38_600_000.0, 36_400_000.0),
+            causes: Vec::new(),
+            host: Vec::new(),
+            iterations: (100, 100),
+            traced: (100, 100),
+        };
+        assert_eq!(
+            a.chain("compute.launch_gaps mean +5355%"),
+            "compute.launch_gaps mean +5355% ← no operator: the iterations did not grow (mean \
+             38.60 ms → 36.40 ms)"
+        );
+        // Grown, or nothing traced: nothing said.
+        let grown = Attribution {
+            iteration_ns: (36_400_000.0, 38_600_000.0),
+            ..a.clone()
+        };
+        assert_eq!(grown.chain("x"), "x");
+        let untraced = Attribution {
+            traced: (0, 0),
+            ..a
+        };
+        assert_eq!(untraced.chain("x"), "x");
     }
 
     #[test]
