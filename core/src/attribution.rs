@@ -366,9 +366,10 @@ impl Attribution {
 
     /// The causal chain, e.g. `iteration p99 +38% (17.3 ms → 23.9 ms) ← ncclDevKernel_AllReduce
     /// +6.4 ms per iteration (communication) ← 214 TCP retransmits on 10.0.0.1:41000 ->
-    /// 10.0.0.2:29500`. `head` names the SLO and its change. Without a cause where the
-    /// iterations did not grow, it says so (a node that breached while the step did not slow:
-    /// idle time that moved from before the first kernel to between kernels).
+    /// 10.0.0.2:29500`. `head` names the SLO and its change. Without a cause it says what was
+    /// compared: the iterations did not grow (a node that breached while the step did not slow:
+    /// idle time that moved from before the first kernel to between kernels), or no operator's
+    /// change kept a share of their growth.
     pub fn chain(&self, head: &str) -> String {
         let mut s = head.to_owned();
         if let Some(c) = self.top() {
@@ -380,12 +381,18 @@ impl Attribution {
                 c.dimension.as_str(),
                 c.detail
             );
-        } else if self.iteration_ns.1 <= self.iteration_ns.0 && self.traced.1 > 0 {
+        } else if self.traced.1 > 0 {
+            let why = if self.iteration_ns.1 <= self.iteration_ns.0 {
+                "the iterations did not grow"
+            } else {
+                "no operator's change accounts for the iterations' growth"
+            };
             let _ = write!(
                 s,
-                " ← no operator: the iterations did not grow (mean {} → {})",
+                " ← no cause: {why} (mean {} → {}, {} traced iterations)",
                 ms(self.iteration_ns.0),
-                ms(self.iteration_ns.1)
+                ms(self.iteration_ns.1),
+                self.traced.1
             );
         }
         if let Some(h) = self.host.first() {
@@ -1775,9 +1782,8 @@ mod tests {
         );
     }
 
-    /// A node that breached while the iterations got no slower (the suite's B-03-ro: launch
-    /// gaps grew where the idle before the first kernel shrank) has no operator to blame, and
-    /// its chain says why rather than nothing.
+    /// A violation without a cause says what was compared rather than nothing (the suite's
+    /// B-03-ro: launch gaps grew where the idle before the first kernel shrank).
     #[test]
     fn a_chain_without_a_cause_says_the_iterations_did_not_grow() {
         let a = Attribution {
@@ -1789,15 +1795,19 @@ mod tests {
         };
         assert_eq!(
             a.chain("compute.launch_gaps mean +5355%"),
-            "compute.launch_gaps mean +5355% ← no operator: the iterations did not grow (mean \
-             38.60 ms → 36.40 ms)"
+            "compute.launch_gaps mean +5355% ← no cause: the iterations did not grow (mean \
+             38.60 ms → 36.40 ms, 100 traced iterations)"
         );
-        // Grown, or nothing traced: nothing said.
         let grown = Attribution {
             iteration_ns: (36_400_000.0, 38_600_000.0),
             ..a.clone()
         };
-        assert_eq!(grown.chain("x"), "x");
+        assert_eq!(
+            grown.chain("x"),
+            "x ← no cause: no operator's change accounts for the iterations' growth (mean \
+             36.40 ms → 38.60 ms, 100 traced iterations)"
+        );
+        // Nothing traced: nothing said.
         let untraced = Attribution {
             traced: (0, 0),
             ..a
