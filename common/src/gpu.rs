@@ -191,8 +191,14 @@ const _: () = assert!(size_of::<GraphNodeRecord>() == 40);
 /// the low 11 bits (at most 1024), blocks in the grid above them (saturating at 2^21 - 1). 0 only
 /// for an empty launch.
 pub const fn encode_launch(grid: [u32; 3], block: [u32; 3]) -> u32 {
-    let threads = (block[0] as u64) * (block[1] as u64) * (block[2] as u64);
-    let blocks = (grid[0] as u64) * (grid[1] as u64) * (grid[2] as u64);
+    // Saturating: a launch's parameters are whatever the caller passed (CUPTI calls back
+    // before the driver checks them).
+    let threads = (block[0] as u64)
+        .saturating_mul(block[1] as u64)
+        .saturating_mul(block[2] as u64);
+    let blocks = (grid[0] as u64)
+        .saturating_mul(grid[1] as u64)
+        .saturating_mul(grid[2] as u64);
     let threads = if threads > 0x7ff { 0x7ff } else { threads };
     let blocks = if blocks > 0x1f_ffff {
         0x1f_ffff
