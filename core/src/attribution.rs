@@ -751,24 +751,36 @@ pub fn refine_graph_by_composition(
         return refine_graph_by_launches(a, composition, new_id, old_id);
     };
     let nodes = |c: &BTreeMap<String, u32>| c.values().copied().map(u64::from).sum::<u64>();
+    name_inside_graph(a, label, None, |graph| {
+        format!(
+            "{more} more of its nodes in {graph} than in graph#{old_id}, which that graph \
+             replaced ({} → {} nodes, as captured)",
+            nodes(old),
+            nodes(new)
+        )
+    });
+    true
+}
+
+/// Puts `op` in place of the top cause, a graph, with the graph's delta and its `dimension`
+/// (or the graph's), and a detail of `what(graph label)` followed by the graph's own.
+fn name_inside_graph(
+    a: &mut Attribution,
+    op: &str,
+    dimension: Option<Dimension>,
+    what: impl FnOnce(&str) -> String,
+) {
     let graph = a.causes.remove(0);
-    let detail = format!(
-        "{more} more of its nodes in {} than in graph#{old_id}, which that graph replaced ({} → \
-         {} nodes, as captured): {}",
-        graph.op,
-        nodes(old),
-        nodes(new),
-        graph.detail
-    );
+    let detail = format!("{}: {}", what(&graph.op), graph.detail);
     a.causes.insert(
         0,
         Cause {
-            op: label.clone(),
+            op: op.to_owned(),
+            dimension: dimension.unwrap_or(graph.dimension),
             detail,
             ..graph
         },
     );
-    true
 }
 
 /// [`refine_graph_by_composition`] where graph `new_id` has the nodes of `old_id` it replaced:
@@ -823,24 +835,14 @@ fn refine_graph_by_launches(
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let graph = a.causes.remove(0);
-    let detail = format!(
-        "{n} of its kernel nodes in {} captured with another launch configuration than in \
-         graph#{old_id}, which that graph replaced ({} → {}): {}",
-        graph.op,
-        say(&gone),
-        say(&came),
-        graph.detail
-    );
-    a.causes.insert(
-        0,
-        Cause {
-            op: label.clone(),
-            dimension: Dimension::Occupancy,
-            detail,
-            ..graph
-        },
-    );
+    name_inside_graph(a, label, Some(Dimension::Occupancy), |graph| {
+        format!(
+            "{n} of its kernel nodes in {graph} captured with another launch configuration than \
+             in graph#{old_id}, which that graph replaced ({} → {})",
+            say(&gone),
+            say(&came)
+        )
+    });
     true
 }
 

@@ -893,19 +893,19 @@ impl TraceAssembler {
         Some(out)
     }
 
-    /// Counts a node of `graph` captured under operator `op.0` (0: none) with launch
-    /// configuration `op.1` (0: not known), within [`MAX_GRAPHS`] graphs and
+    /// Counts a node of `graph` captured under operator `op` (0: none) with launch
+    /// configuration `launch` (0: not known), within [`MAX_GRAPHS`] graphs and
     /// [`MAX_GRAPH_ENTRIES`] entries.
-    fn count_graph_node(&mut self, graph: u32, op: (u32, u32)) {
+    fn count_graph_node(&mut self, graph: u32, op: u32, launch: u32) {
         if !self.graph_nodes.contains_key(&graph) && self.graph_nodes.len() >= MAX_GRAPHS {
             self.capped += 1;
             return;
         }
         let ops = self.graph_nodes.entry(graph).or_default();
-        match ops.get_mut(&op) {
+        match ops.get_mut(&(op, launch)) {
             Some(n) => *n = n.saturating_add(1),
             None if self.graph_node_entries < MAX_GRAPH_ENTRIES => {
-                ops.insert(op, 1);
+                ops.insert((op, launch), 1);
                 self.graph_node_entries += 1;
             }
             None => {
@@ -1069,7 +1069,7 @@ impl TraceAssembler {
                 if (op != 0 || launch != 0) && self.node_ops.len() < MAX_NODE_OPS {
                     self.node_ops.insert(n.node_id, (op, launch));
                 }
-                self.count_graph_node(n.graph_id, (op, launch));
+                self.count_graph_node(n.graph_id, op, launch);
                 return;
             }
             AnyRecord::String(s) => {

@@ -174,8 +174,6 @@ pub struct ProcessPipeline {
     node_sample: Option<(u64, u32)>,
     /// When the next node-level sample is due, ns.
     node_sample_due: u64,
-    /// The shim gives no node level under CUDA graphs ([`Self::set_no_graph_nodes`]).
-    no_graph_nodes: bool,
 }
 
 impl ProcessPipeline {
@@ -209,7 +207,6 @@ impl ProcessPipeline {
             composition: Arc::default(),
             node_sample: None,
             node_sample_due: 0,
-            no_graph_nodes: false,
         })
     }
 
@@ -462,7 +459,7 @@ impl ProcessPipeline {
         let mut want = DEPTH_TIMING;
         // What in a graph got slower needs node-level iterations since the slowdown began.
         if self.engine.as_ref().is_some_and(SloEngine::wants_nodes) {
-            want = if self.no_graph_nodes {
+            want = if self.no_graph_nodes() {
                 DEPTH_KERNELS
             } else {
                 DEPTH_NODES
@@ -499,7 +496,7 @@ impl ProcessPipeline {
                 .and_then(|a| a.top())
                 .and_then(|c| crate::gputrace::graph_id_of(&c.op))
                 .is_some_and(|id| !self.view.graph_ops.contains_key(&id));
-            if nodes && !self.no_graph_nodes {
+            if nodes && !self.no_graph_nodes() {
                 want = want.max(DEPTH_NODES);
             } else if kernels {
                 want = want.max(DEPTH_KERNELS);
@@ -515,7 +512,7 @@ impl ProcessPipeline {
     /// Starts and ends the node-level samples of a job that replays CUDA graphs (see
     /// [`NODE_SAMPLE_PERIOD_NS`]): the first as soon as graphs are seen.
     fn schedule_node_sample(&mut self) {
-        if !self.graphs_seen || self.finished || self.no_graph_nodes {
+        if !self.graphs_seen || self.finished || self.no_graph_nodes() {
             self.node_sample = None;
             return;
         }
@@ -533,13 +530,10 @@ impl ProcessPipeline {
     }
 
     /// The process's shim answers node level with kernel level under CUDA graphs (its status
-    /// bit `STATUS_NO_GRAPH_NODES`): no node-level samples are asked of it, and a graph to look
-    /// into asks for kernel level only.
-    pub fn set_no_graph_nodes(&mut self, on: bool) {
-        self.no_graph_nodes = on;
-        if on {
-            self.node_sample = None;
-        }
+    /// bit `STATUS_NO_GRAPH_NODES`, as the source put it in the view): no node-level samples
+    /// are asked of it, and a graph to look into asks for kernel level only.
+    fn no_graph_nodes(&self) -> bool {
+        self.view.status & slo_probe_common::ring::STATUS_NO_GRAPH_NODES != 0
     }
 
     /// Whether the job's iterations have launched CUDA graphs.
@@ -1007,15 +1001,15 @@ mod tests {
     /// for node-level samples.
     #[test]
     fn no_node_samples_of_a_shim_that_gives_none_under_graphs() {
-        use slo_probe_common::gpu::DEPTH_TIMING;
+        use slo_probe_common::{gpu::DEPTH_TIMING, ring::STATUS_NO_GRAPH_NODES};
         let mut p = ProcessPipeline::new(7, live()).expect("spec");
-        p.set_no_graph_nodes(true);
+        p.info_mut().status |= STATUS_NO_GRAPH_NODES;
         let end = feed_graph(&mut p, 0, 200, false);
         p.advance(end + SETTLE_NS, None, true);
         assert!(p.graphs_seen() && !p.node_sampling());
         assert_eq!(p.wanted_depth(), DEPTH_TIMING);
         // Once allowed again, the first sample starts.
-        p.set_no_graph_nodes(false);
+        p.info_mut().status &= !STATUS_NO_GRAPH_NODES;
         let end = feed_graph(&mut p, (end + SETTLE_NS) / MS, 10, false);
         p.advance(end + SETTLE_NS, None, true);
         assert!(p.node_sampling());

@@ -31,10 +31,24 @@ use crate::{
     now_ns, say, Queued, Shim, DOMAIN_DRIVER, DOMAIN_RUNTIME,
 };
 
+/// Driver kernel launches with grid and block among their parameters: cuLaunchKernel(_ptsz).
+pub const DRIVER_LAUNCH_CBIDS: [u32; 2] = [307, 442];
+/// Driver kernel launches through a configuration (`CUlaunchConfig *`, their first parameter):
+/// cuLaunchKernelEx(_ptsz).
+pub const DRIVER_LAUNCH_EX_CBIDS: [u32; 2] = [652, 653];
+/// Runtime kernel launches with grid and block among their parameters: cudaLaunchKernel(_ptsz).
+pub const RUNTIME_LAUNCH_CBIDS: [u32; 2] = [211, 214];
+/// Runtime kernel launches through a configuration (`cudaLaunchConfig_t *`, their first
+/// parameter): cudaLaunchKernelExC(_ptsz).
+pub const RUNTIME_LAUNCH_EX_CBIDS: [u32; 2] = [430, 431];
 /// Driver kernel launches: cuLaunchKernel(_ptsz), cuLaunchKernelEx(_ptsz).
-pub const DRIVER_KERNEL_CBIDS: [u32; 4] = [307, 442, 652, 653];
+pub const DRIVER_KERNEL_CBIDS: [u32; 4] = both(DRIVER_LAUNCH_CBIDS, DRIVER_LAUNCH_EX_CBIDS);
 /// Runtime kernel launches: cudaLaunchKernel(_ptsz), cudaLaunchKernelExC(_ptsz).
-pub const RUNTIME_KERNEL_CBIDS: [u32; 4] = [211, 214, 430, 431];
+pub const RUNTIME_KERNEL_CBIDS: [u32; 4] = both(RUNTIME_LAUNCH_CBIDS, RUNTIME_LAUNCH_EX_CBIDS);
+
+const fn both(a: [u32; 2], b: [u32; 2]) -> [u32; 4] {
+    [a[0], a[1], b[0], b[1]]
+}
 /// Graph launches, always traced (one callback per replay): cuGraphLaunch(_ptsz).
 pub const DRIVER_GRAPH_CBIDS: [u32; 2] = [514, 515];
 /// Graph launches: cudaGraphLaunch(_ptsz).
@@ -441,10 +455,7 @@ impl Shim {
         let was_refused = c.planner.nodes_refused();
         let plan = c.planner.plan(o);
         // Said before the agent asks (see `Config::graph_nodes`).
-        self.set_status(
-            STATUS_NO_GRAPH_NODES,
-            o.graph_launches > 0 && !c.planner.config().graph_nodes,
-        );
+        self.set_status(STATUS_NO_GRAPH_NODES, c.planner.no_graph_nodes(o));
         if c.planner.nodes_refused() && !was_refused {
             say!(
                 "node-level tracing asked for, kernel level given: the process launches CUDA \

@@ -198,6 +198,11 @@ impl Config {
         c.first_window_step =
             num("SLO_PROBE_SAMPLE_FIRST_STEP", 0, MAX_PERIOD_STEPS).unwrap_or(c.first_window_step);
         c.hold_lag_ns = num("SLO_PROBE_HOLD_LAG_MS", 0, 60_000).map_or(c.hold_lag_ns, |ms| ms * MS);
+        // Switches: 0 or 1.
+        let mut switch = |name: &str, default: bool| num(name, 0, 1).map_or(default, |n| n == 1);
+        c.hold_at_start = switch("SLO_PROBE_HOLD_AT_START", c.hold_at_start);
+        c.graph_floor = switch("SLO_PROBE_GRAPH_FLOOR", c.graph_floor);
+        c.graph_nodes = switch("SLO_PROBE_GRAPH_NODES", c.graph_nodes);
         if let Some(v) = get("SLO_PROBE_HOLD_MAX_PCT") {
             match v.trim().parse::<f64>() {
                 Ok(p) if p > 0.0 && p <= 100.0 => c.hold_max_share = p / 100.0,
@@ -218,27 +223,6 @@ impl Config {
             match parse_depth(&v) {
                 Some(d) => c.base = d,
                 None => bad.push(("SLO_PROBE_DEPTH".into(), v)),
-            }
-        }
-        if let Some(v) = get("SLO_PROBE_HOLD_AT_START") {
-            match v.trim() {
-                "0" => c.hold_at_start = false,
-                "1" => c.hold_at_start = true,
-                _ => bad.push(("SLO_PROBE_HOLD_AT_START".into(), v)),
-            }
-        }
-        if let Some(v) = get("SLO_PROBE_GRAPH_FLOOR") {
-            match v.trim() {
-                "0" => c.graph_floor = false,
-                "1" => c.graph_floor = true,
-                _ => bad.push(("SLO_PROBE_GRAPH_FLOOR".into(), v)),
-            }
-        }
-        if let Some(v) = get("SLO_PROBE_GRAPH_NODES") {
-            match v.trim() {
-                "0" => c.graph_nodes = false,
-                "1" => c.graph_nodes = true,
-                _ => bad.push(("SLO_PROBE_GRAPH_NODES".into(), v)),
             }
         }
         if let Some(v) = get("SLO_PROBE_SAMPLE") {
@@ -492,6 +476,12 @@ impl Planner {
     /// the process launches CUDA graphs ([`Config::graph_nodes`]).
     pub fn nodes_refused(&self) -> bool {
         self.nodes_refused
+    }
+
+    /// Whether requests for node level get kernel level now: the process launches CUDA graphs
+    /// and [`Config::graph_nodes`] is off.
+    pub fn no_graph_nodes(&self, o: &Observed) -> bool {
+        o.graph_launches > 0 && !self.cfg.graph_nodes
     }
 
     /// The lag from which kernel tracing is held on: the configured one, or half a step.
@@ -862,21 +852,16 @@ impl Planner {
             }
         }
         // Node level is not switched under CUDA graphs (see `Config::graph_nodes`).
-        let no_nodes = o.graph_launches > 0 && !self.cfg.graph_nodes;
-        let asked = |r: Option<Request>| {
-            let d = r.map_or(0, |r| r.depth);
-            if no_nodes {
-                d.min(DEPTH_KERNELS)
-            } else {
-                d
-            }
+        let cap = if self.no_graph_nodes(o) {
+            DEPTH_KERNELS
+        } else {
+            DEPTH_NODES
         };
-        if no_nodes
-            && (asked(self.agent) < self.agent.map_or(0, |r| r.depth)
-                || asked(self.script) < self.script.map_or(0, |r| r.depth))
-        {
-            self.nodes_refused = true;
-        }
+        let asked = |r: Option<Request>| r.map_or(0, |r| r.depth.min(cap));
+        self.nodes_refused |= [self.agent, self.script]
+            .into_iter()
+            .flatten()
+            .any(|r| r.depth > cap);
         let candidates = [
             (self.cfg.base, Reason::Default),
             (

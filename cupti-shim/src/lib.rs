@@ -350,6 +350,9 @@ static CAPTURE_LAUNCH: AtomicBool = AtomicBool::new(false);
 /// `params` is null or the `functionParams` CUPTI passes for `(domain, cbid)` at the API's
 /// enter site.
 unsafe fn launch_of(domain: u32, cbid: u32, params: *const u8) -> u32 {
+    use control::{
+        DRIVER_LAUNCH_CBIDS, DRIVER_LAUNCH_EX_CBIDS, RUNTIME_LAUNCH_CBIDS, RUNTIME_LAUNCH_EX_CBIDS,
+    };
     use cudarc::cupti::sys::{
         cuLaunchKernel_params_st as Drv, cudaLaunchKernel_v7000_params_st as Rt,
     };
@@ -364,27 +367,33 @@ unsafe fn launch_of(domain: u32, cbid: u32, params: *const u8) -> u32 {
     // The `_ptsz` variants have the same parameters as the plain ones; cuLaunchKernelEx and
     // cudaLaunchKernelExC take a pointer to a configuration that starts with the grid and the
     // block (CUlaunchConfig, cudaLaunchConfig_t).
-    match (domain, cbid) {
-        (DOMAIN_DRIVER, 307 | 442) => dims(
-            params,
+    let (plain, ex, grid, block) = match domain {
+        DOMAIN_DRIVER => (
+            DRIVER_LAUNCH_CBIDS,
+            DRIVER_LAUNCH_EX_CBIDS,
             std::mem::offset_of!(Drv, gridDimX),
             std::mem::offset_of!(Drv, blockDimX),
         ),
-        (DOMAIN_RUNTIME, 211 | 214) => dims(
-            params,
+        DOMAIN_RUNTIME => (
+            RUNTIME_LAUNCH_CBIDS,
+            RUNTIME_LAUNCH_EX_CBIDS,
             std::mem::offset_of!(Rt, gridDim),
             std::mem::offset_of!(Rt, blockDim),
         ),
-        (DOMAIN_DRIVER, 652 | 653) | (DOMAIN_RUNTIME, 430 | 431) => {
-            // SAFETY: (caller) the first parameter is the configuration's pointer.
-            let config = unsafe { std::ptr::read_unaligned(params.cast::<*const u8>()) };
-            if config.is_null() {
-                0
-            } else {
-                dims(config, 0, 12)
-            }
+        _ => return 0,
+    };
+    if plain.contains(&cbid) {
+        dims(params, grid, block)
+    } else if ex.contains(&cbid) {
+        // SAFETY: (caller) the first parameter is the configuration's pointer.
+        let config = unsafe { std::ptr::read_unaligned(params.cast::<*const u8>()) };
+        if config.is_null() {
+            0
+        } else {
+            dims(config, 0, 12)
         }
-        _ => 0,
+    } else {
+        0
     }
 }
 

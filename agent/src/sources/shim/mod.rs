@@ -817,12 +817,6 @@ fn drain_all(s: &mut State, sinks: &Sinks, flush: bool) {
         let Some(p) = pipelines.get_mut(c.pid) else {
             continue;
         };
-        // A shim that gives no node level under CUDA graphs is not asked for it.
-        p.set_no_graph_nodes(
-            c.ring.header().status.load(Ordering::Relaxed)
-                & slo_probe_common::ring::STATUS_NO_GRAPH_NODES
-                != 0,
-        );
         let engine = if *depth_on_demand {
             p.wanted_depth()
         } else {
