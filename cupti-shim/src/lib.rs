@@ -338,10 +338,12 @@ thread_local! {
 }
 
 /// Kernel nodes carry their launch configuration from the captured launch
-/// (`SLO_PROBE_CAPTURE_LAUNCH=1`; off by default until it has run on a GPU): a graph captured
-/// again with the same nodes under other launch configurations (a module switched to a
-/// lower-occupancy launch under `reduce-overhead`) can then be told apart by configuration.
-static CAPTURE_LAUNCH: AtomicBool = AtomicBool::new(false);
+/// (`SLO_PROBE_CAPTURE_LAUNCH`, default 1; 0 turns it off): a graph captured again with the same
+/// nodes under other launch configurations (a module switched to a lower-occupancy launch under
+/// `reduce-overhead`) can then be told apart by configuration. On an H100 (2026-12-06, the fault
+/// suite's GPT under `reduce-overhead`, `scripts/gpu-graph-check`) it named the low-occupancy
+/// GELU inside the graphs (`blocks.2.mlp.act`, occupancy) live, and the job ran to its end.
+static CAPTURE_LAUNCH: AtomicBool = AtomicBool::new(true);
 
 /// The launch configuration in a kernel launch's API parameters (`encode_launch`; 0 when not
 /// a kernel launch, or unreadable).
@@ -451,7 +453,16 @@ fn shim() -> &'static Shim {
         // SAFETY: registering a function with no preconditions.
         unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
         let log = env_flag("SLO_PROBE_SHIM_LOG");
-        CAPTURE_LAUNCH.store(env_flag("SLO_PROBE_CAPTURE_LAUNCH"), Ordering::Relaxed);
+        if let Some(v) = std::env::var_os("SLO_PROBE_CAPTURE_LAUNCH") {
+            match v.to_str() {
+                Some("1" | "true") => CAPTURE_LAUNCH.store(true, Ordering::Relaxed),
+                Some("0" | "false") => CAPTURE_LAUNCH.store(false, Ordering::Relaxed),
+                _ => say!(
+                    "SLO_PROBE_CAPTURE_LAUNCH={} is not valid; using the default",
+                    v.to_string_lossy()
+                ),
+            }
+        }
         let socket = std::env::var_os("SLO_PROBE_SOCKET")
             .map(PathBuf::from)
             .unwrap_or_else(|| transport::DEFAULT_SOCKET.into());

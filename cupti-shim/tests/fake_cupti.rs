@@ -539,7 +539,8 @@ fn depth_control_loop_against_a_fake_cupti() {
 /// A job that launches its first CUDA graph at step 40 (the fake's graph-launch callback):
 /// sample windows come and go before it; from it on, kernel tracing stays on (depth 1, reason
 /// sample) until CUPTI is handed over at step 110; the script's depth-2 request gets depth 1;
-/// kernel launches captured into a graph give their nodes their launch configuration.
+/// kernel launches captured into a graph give their nodes their launch configuration (by
+/// default: `SLO_PROBE_CAPTURE_LAUNCH` is unset here).
 #[test]
 fn cuda_graph_launches_pin_kernel_tracing() {
     if std::env::var_os(CHILD).is_some() {
@@ -551,7 +552,6 @@ fn cuda_graph_launches_pin_kernel_tracing() {
         &[
             ("SLO_PROBE_SAMPLE_EVERY", "10"),
             ("SLO_PROBE_SAMPLE_STEPS", "2"),
-            ("SLO_PROBE_CAPTURE_LAUNCH", "1"),
         ],
     ) else {
         return;
@@ -617,5 +617,25 @@ fn cuda_graph_launches_pin_kernel_tracing() {
         Some(&(DEPTH_KERNELS, DEPTH_REASON_SAMPLE)),
         "{seq:?}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `SLO_PROBE_CAPTURE_LAUNCH=0`: the same graph job's nodes carry no launch configuration.
+#[test]
+fn capture_time_launch_configurations_can_be_turned_off() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    let Some((dir, listener, mut child)) = spawn_child(
+        "graphs-no-launch",
+        "graphs",
+        &[("SLO_PROBE_CAPTURE_LAUNCH", "0")],
+    ) else {
+        return;
+    };
+    let (_stream, _ring, _depths, _ends, nodes) = drain_child(&mut child, &listener, |_, _| {});
+    assert!(child.wait().expect("wait").success(), "child failed");
+    let want: Vec<(u64, u32)> = (0..4).map(|i| (1060 + i, 0)).collect();
+    assert_eq!(nodes, want);
     let _ = std::fs::remove_dir_all(&dir);
 }
