@@ -2083,8 +2083,8 @@ mod tests {
 
     /// Low occupancy inside a recaptured graph (the suite's A-04-ro and A-09-ro): the same
     /// nodes, but the Triton GELU of `blocks.2.mlp.act` captured at 264 blocks of 32 threads
-    /// instead of 131072 of 128 (forward and backward), as the shim records it at capture with
-    /// `SLO_PROBE_CAPTURE_LAUNCH=1`.
+    /// instead of 131072 of 128 (forward and backward), as the shim records it at capture (by
+    /// default; `SLO_PROBE_CAPTURE_LAUNCH=0` turns it off).
     #[test]
     fn a_new_graph_with_the_same_nodes_is_named_by_its_changed_launch_configuration() {
         use slo_probe_common::gpu::encode_launch;

@@ -483,8 +483,8 @@ pub struct GraphComposition {
     /// Its nodes per label of the operator that captured them (`""`: none).
     pub nodes: BTreeMap<u32, BTreeMap<String, u32>>,
     /// Its kernel nodes per label and launch configuration
-    /// ([`slo_probe_common::gpu::encode_launch`]), where the capture recorded them (a shim with
-    /// `SLO_PROBE_CAPTURE_LAUNCH=1`): `launch → nodes`.
+    /// ([`slo_probe_common::gpu::encode_launch`]), where the capture recorded them (a shim since
+    /// 2026-12-06, unless `SLO_PROBE_CAPTURE_LAUNCH=0`): `launch → nodes`.
     pub launches: BTreeMap<u32, BTreeMap<String, BTreeMap<u32, u32>>>,
 }
 
