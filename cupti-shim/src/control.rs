@@ -285,6 +285,12 @@ unsafe fn switch_cupti(
             let r = (api.cuptiActivityEnable)(activity::KIND_CONCURRENT_KERNEL);
             api.check(r, || "cuptiActivityEnable(CONCURRENT_KERNEL)".into())?;
             a.depth = DEPTH_KERNELS;
+            if crate::MEM_WITH_KERNELS.load(Ordering::Relaxed) {
+                for k in [activity::KIND_MEMCPY, activity::KIND_MEMSET] {
+                    let r = (api.cuptiActivityEnable)(k);
+                    api.check(r, || format!("cuptiActivityEnable({k})"))?;
+                }
+            }
         }
         if depth == DEPTH_NODES && a.depth == DEPTH_KERNELS {
             // Graph-level and node-level records exclude each other.
@@ -302,6 +308,12 @@ unsafe fn switch_cupti(
         if !want_kernels && a.depth == DEPTH_KERNELS {
             // Flush first: what was traced reaches the ring before the kind goes off.
             (api.cuptiActivityFlushAll)(0);
+            if crate::MEM_WITH_KERNELS.load(Ordering::Relaxed) {
+                for k in [activity::KIND_MEMCPY, activity::KIND_MEMSET] {
+                    let r = (api.cuptiActivityDisable)(k);
+                    api.check(r, || format!("cuptiActivityDisable({k})"))?;
+                }
+            }
             let r = (api.cuptiActivityDisable)(activity::KIND_CONCURRENT_KERNEL);
             api.check(r, || "cuptiActivityDisable(CONCURRENT_KERNEL)".into())?;
             a.depth = DEPTH_TIMING;

@@ -345,6 +345,13 @@ thread_local! {
 /// GELU inside the graphs (`blocks.2.mlp.act`, occupancy) live, and the job ran to its end.
 static CAPTURE_LAUNCH: AtomicBool = AtomicBool::new(true);
 
+/// Memory activity (MEMCPY, MEMSET) switched on and off with kernel activity instead of on all
+/// the time (`SLO_PROBE_MEM_ACTIVITY=window`, an experiment): on an H100 (2026-12-06) the eager
+/// GPT under a deep queue delivered every kernel record live with windows switching kernel
+/// activity while memory activity was off, where with it on the records stayed in CUPTI until
+/// the exit.
+pub(crate) static MEM_WITH_KERNELS: AtomicBool = AtomicBool::new(false);
+
 /// The launch configuration in a kernel launch's API parameters (`encode_launch`; 0 when not
 /// a kernel launch, or unreadable).
 ///
@@ -499,7 +506,9 @@ fn shim() -> &'static Shim {
         for (k, v) in bad {
             say!("{k}={v} is not valid; using the default");
         }
-        let mem_activity = std::env::var("SLO_PROBE_MEM_ACTIVITY").map_or(true, |v| v != "0");
+        let mem_var = std::env::var("SLO_PROBE_MEM_ACTIVITY").ok();
+        let mem_activity = mem_var.as_deref() != Some("0");
+        MEM_WITH_KERNELS.store(mem_var.as_deref() == Some("window"), Ordering::Relaxed);
         // Without memory activity, switching kernel activity under CUDA graphs delivered every
         // record (see `depth::Planner`): no pin needed.
         cfg.graph_floor &= mem_activity;
@@ -681,7 +690,7 @@ impl Shim {
             let r = (api.cuptiActivityRegisterCallbacks)(buffer_requested, buffer_completed);
             api.check(r, || "cuptiActivityRegisterCallbacks".into())?;
             let mut kinds = vec![activity::KIND_GRAPH_TRACE];
-            if self.mem_activity {
+            if self.mem_activity && !MEM_WITH_KERNELS.load(Ordering::Relaxed) {
                 kinds.extend([activity::KIND_MEMCPY, activity::KIND_MEMSET]);
             }
             for k in kinds {

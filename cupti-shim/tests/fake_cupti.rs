@@ -620,6 +620,52 @@ fn cuda_graph_launches_pin_kernel_tracing() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `SLO_PROBE_MEM_ACTIVITY=window`: memcpy and memset activity go on right after kernel
+/// activity and off right before it, never at the start.
+#[test]
+fn memory_activity_can_follow_the_kernel_windows() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    let Some((dir, listener, mut child)) = spawn_child(
+        "mem-window",
+        "1",
+        &[
+            ("SLO_PROBE_SAMPLE_EVERY", "30"),
+            ("SLO_PROBE_SAMPLE_STEPS", "3"),
+            ("SLO_PROBE_GRAPH_FLOOR", "0"),
+            ("SLO_PROBE_MEM_ACTIVITY", "window"),
+        ],
+    ) else {
+        return;
+    };
+    let _ = drain_child(&mut child, &listener, |_, _| {});
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut out)
+        .expect("child output");
+    assert!(
+        child.wait().expect("wait").success(),
+        "child failed:\n{out}"
+    );
+    let calls = out
+        .lines()
+        .find_map(|l| l.find("FAKE:calls ").map(|i| &l[i + 11..]))
+        .unwrap_or_else(|| panic!("no calls in:\n{out}"));
+    let start = calls.find("enable 51;").expect("GRAPH_TRACE enabled");
+    let first_kernels = calls.find("enable 10;").expect("kernels on");
+    assert!(!calls[..first_kernels].contains("enable 1;"), "{calls}");
+    assert!(start < first_kernels, "{calls}");
+    let ons = calls.matches("enable 10;enable 1;enable 2;").count();
+    let offs = calls.matches("disable 1;disable 2;disable 10;").count();
+    assert!(ons >= 3 && offs >= 3, "{ons} on, {offs} off: {calls}");
+    assert_eq!(calls.matches("enable 10;").count(), ons, "{calls}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `SLO_PROBE_CAPTURE_LAUNCH=0`: the same graph job's nodes carry no launch configuration.
 #[test]
 fn capture_time_launch_configurations_can_be_turned_off() {
