@@ -396,6 +396,32 @@ fn drain_child(
     }
 }
 
+/// The child's output, once it has exited successfully.
+fn child_output(child: &mut Child) -> String {
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut out)
+        .expect("child output");
+    assert!(
+        child.wait().expect("wait").success(),
+        "child failed:\n{out}"
+    );
+    out
+}
+
+/// What the child printed after `FAKE:<key> `.
+fn fake_line(out: &str, key: &str) -> String {
+    // The test harness may have printed on the same line before.
+    let tag = format!("FAKE:{key} ");
+    out.lines()
+        .find_map(|l| l.find(&tag).map(|i| &l[i + tag.len()..]))
+        .unwrap_or_else(|| panic!("no {key} in:\n{out}"))
+        .to_owned()
+}
+
 #[test]
 fn depth_control_loop_against_a_fake_cupti() {
     if std::env::var_os(CHILD).is_some() {
@@ -429,25 +455,8 @@ fn depth_control_loop_against_a_fake_cupti() {
         }
     });
     let step_ends: Vec<u64> = ends.iter().map(|&(_, t)| t).collect();
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .expect("stdout")
-        .read_to_string(&mut out)
-        .expect("child output");
-    assert!(
-        child.wait().expect("wait").success(),
-        "child failed:\n{out}"
-    );
-    let line = |key: &str| {
-        // The test harness may have printed on the same line before.
-        let tag = format!("FAKE:{key} ");
-        out.lines()
-            .find_map(|l| l.find(&tag).map(|i| &l[i + tag.len()..]))
-            .unwrap_or_else(|| panic!("no {key} in:\n{out}"))
-            .to_owned()
-    };
+    let out = child_output(&mut child);
+    let line = |key: &str| fake_line(&out, key);
     let calls = line("calls");
     let seq: Vec<(u32, u32)> = depths.iter().map(|d| (d.depth, d.reason)).collect();
     eprintln!("depth records: {seq:?}");
@@ -640,21 +649,7 @@ fn memory_activity_can_follow_the_kernel_windows() {
         return;
     };
     let _ = drain_child(&mut child, &listener, |_, _| {});
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .expect("stdout")
-        .read_to_string(&mut out)
-        .expect("child output");
-    assert!(
-        child.wait().expect("wait").success(),
-        "child failed:\n{out}"
-    );
-    let calls = out
-        .lines()
-        .find_map(|l| l.find("FAKE:calls ").map(|i| &l[i + 11..]))
-        .unwrap_or_else(|| panic!("no calls in:\n{out}"));
+    let calls = fake_line(&child_output(&mut child), "calls");
     let start = calls.find("enable 51;").expect("GRAPH_TRACE enabled");
     let first_kernels = calls.find("enable 10;").expect("kernels on");
     assert!(!calls[..first_kernels].contains("enable 1;"), "{calls}");
