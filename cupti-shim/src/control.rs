@@ -255,7 +255,8 @@ unsafe fn kernel_callbacks(api: &Cupti, sub: *mut c_void, mask: u32, on: bool) {
 
 /// The CUPTI calls that move `a` to `depth` with kernel-launch callbacks in `domains`: launch
 /// callbacks before kernel activity goes on (every traced kernel has its launch stamped), a
-/// flush before anything goes off, `GRAPH_TRACE` off exactly at depth 2.
+/// flush before anything goes off, `GRAPH_TRACE` off exactly at depth 2; the activity kinds
+/// `with_kernels` go on right after kernel activity and off right before it.
 ///
 /// # Safety
 /// `sub` must be the shim's live subscriber, or null (activity-only: no callbacks); not called
@@ -266,6 +267,7 @@ unsafe fn switch_cupti(
     a: &mut Applied,
     depth: u32,
     domains: u32,
+    with_kernels: &[u32],
 ) -> Result<(), ShimError> {
     let want_kernels = depth >= DEPTH_KERNELS;
     let want_domains = if want_kernels && !sub.is_null() {
@@ -285,11 +287,9 @@ unsafe fn switch_cupti(
             let r = (api.cuptiActivityEnable)(activity::KIND_CONCURRENT_KERNEL);
             api.check(r, || "cuptiActivityEnable(CONCURRENT_KERNEL)".into())?;
             a.depth = DEPTH_KERNELS;
-            if crate::MEM_WITH_KERNELS.load(Ordering::Relaxed) {
-                for k in [activity::KIND_MEMCPY, activity::KIND_MEMSET] {
-                    let r = (api.cuptiActivityEnable)(k);
-                    api.check(r, || format!("cuptiActivityEnable({k})"))?;
-                }
+            for &k in with_kernels {
+                let r = (api.cuptiActivityEnable)(k);
+                api.check(r, || format!("cuptiActivityEnable({k})"))?;
             }
         }
         if depth == DEPTH_NODES && a.depth == DEPTH_KERNELS {
@@ -308,11 +308,9 @@ unsafe fn switch_cupti(
         if !want_kernels && a.depth == DEPTH_KERNELS {
             // Flush first: what was traced reaches the ring before the kind goes off.
             (api.cuptiActivityFlushAll)(0);
-            if crate::MEM_WITH_KERNELS.load(Ordering::Relaxed) {
-                for k in [activity::KIND_MEMCPY, activity::KIND_MEMSET] {
-                    let r = (api.cuptiActivityDisable)(k);
-                    api.check(r, || format!("cuptiActivityDisable({k})"))?;
-                }
+            for &k in with_kernels {
+                let r = (api.cuptiActivityDisable)(k);
+                api.check(r, || format!("cuptiActivityDisable({k})"))?;
             }
             let r = (api.cuptiActivityDisable)(activity::KIND_CONCURRENT_KERNEL);
             api.check(r, || "cuptiActivityDisable(CONCURRENT_KERNEL)".into())?;
@@ -359,7 +357,8 @@ impl Shim {
         let sub = self.subscriber.load(Ordering::Acquire);
         let had_kernels = traces_kernels(c.applied.depth);
         // SAFETY: `sub` is the shim's subscriber (or null in activity-only mode).
-        let r = unsafe { switch_cupti(api, sub, &mut c.applied, depth, domains) };
+        let with_kernels = self.mem_activity.with_kernels();
+        let r = unsafe { switch_cupti(api, sub, &mut c.applied, depth, domains, with_kernels) };
         if r.is_ok()
             && had_kernels
             && c.applied.depth == DEPTH_TIMING
@@ -774,7 +773,7 @@ mod tests {
         let api = fake();
         let mut a = timing();
         // SAFETY: a fake API; the subscriber is never dereferenced.
-        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_KERNELS, DRIVER) }.expect("raise");
+        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_KERNELS, DRIVER, &[]) }.expect("raise");
         assert_eq!(
             take(),
             [
@@ -788,12 +787,12 @@ mod tests {
         );
         assert_eq!((a.depth, a.domains), (DEPTH_KERNELS, DRIVER));
         // SAFETY: as above.
-        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_NODES, DRIVER) }.expect("nodes");
+        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_NODES, DRIVER, &[]) }.expect("nodes");
         assert_eq!(take(), ["flush", "disable 51"]);
         // Straight down to timing: graph-level tracing back on, flush before kernels go off,
         // callbacks last.
         // SAFETY: as above.
-        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_TIMING, DRIVER) }.expect("lower");
+        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_TIMING, DRIVER, &[]) }.expect("lower");
         assert_eq!(
             take(),
             [
@@ -815,16 +814,26 @@ mod tests {
         let api = fake();
         let mut a = timing();
         // SAFETY: a fake API.
-        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_KERNELS, DRIVER | RUNTIME) }.expect("raise");
+        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_KERNELS, DRIVER | RUNTIME, &[]) }
+            .expect("raise");
         assert_eq!(take().len(), 9);
         // SAFETY: as above.
-        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_KERNELS, RUNTIME) }.expect("narrow");
+        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_KERNELS, RUNTIME, &[]) }.expect("narrow");
         assert_eq!(take(), ["cb- 1:307", "cb- 1:442", "cb- 1:652", "cb- 1:653"]);
         assert_eq!(a.domains, RUNTIME);
         let mut b = timing();
         // SAFETY: as above; no subscriber.
-        unsafe { switch_cupti(&api, std::ptr::null_mut(), &mut b, DEPTH_KERNELS, DRIVER) }
-            .expect("activity only");
+        unsafe {
+            switch_cupti(
+                &api,
+                std::ptr::null_mut(),
+                &mut b,
+                DEPTH_KERNELS,
+                DRIVER,
+                &[],
+            )
+        }
+        .expect("activity only");
         assert_eq!(take(), ["enable 10"]);
         assert_eq!((b.depth, b.domains), (DEPTH_KERNELS, 0));
     }
@@ -835,7 +844,7 @@ mod tests {
         let mut a = timing();
         FAIL_ENABLE.with(|f| *f.borrow_mut() = true);
         // SAFETY: a fake API.
-        let r = unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_KERNELS, RUNTIME) };
+        let r = unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_KERNELS, RUNTIME, &[]) };
         FAIL_ENABLE.with(|f| *f.borrow_mut() = false);
         let e = r.expect_err("enable fails");
         assert!(e
@@ -845,7 +854,7 @@ mod tests {
         take();
         // The next switch down removes the callbacks that went on.
         // SAFETY: as above.
-        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_TIMING, RUNTIME) }.expect("lower");
+        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_TIMING, RUNTIME, &[]) }.expect("lower");
         assert_eq!(take(), ["cb- 2:211", "cb- 2:214", "cb- 2:430", "cb- 2:431"]);
     }
 

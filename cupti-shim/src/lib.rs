@@ -305,8 +305,8 @@ struct Shim {
     script_request: AtomicU64,
     /// Depth state: the flusher's and release/reacquire's, never a CUDA thread's.
     control: Mutex<Control>,
-    /// MEMCPY and MEMSET activity on (`SLO_PROBE_MEM_ACTIVITY`, default 1).
-    mem_activity: bool,
+    /// When MEMCPY and MEMSET activity is on (`SLO_PROBE_MEM_ACTIVITY`, default 1).
+    mem_activity: MemActivity,
     /// Buffer handling, for checks on the GPU: sizes (`SLO_PROBE_BUFFER_KIB`, default 64;
     /// `SLO_PROBE_SMALL_BUFFER_KIB`, default 16), reuse of completed buffers
     /// (`SLO_PROBE_BUFFER_REUSE`, default 1) and the forced flush at the end of a sampled
@@ -345,12 +345,37 @@ thread_local! {
 /// GELU inside the graphs (`blocks.2.mlp.act`, occupancy) live, and the job ran to its end.
 static CAPTURE_LAUNCH: AtomicBool = AtomicBool::new(true);
 
-/// Memory activity (MEMCPY, MEMSET) switched on and off with kernel activity instead of on all
-/// the time (`SLO_PROBE_MEM_ACTIVITY=window`, an experiment): on an H100 (2026-12-06) the eager
-/// GPT under a deep queue delivered every kernel record live with windows switching kernel
-/// activity while memory activity was off, where with it on the records stayed in CUPTI until
-/// the exit.
-pub(crate) static MEM_WITH_KERNELS: AtomicBool = AtomicBool::new(false);
+/// When MEMCPY and MEMSET activity is on (`SLO_PROBE_MEM_ACTIVITY`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MemActivity {
+    /// `0`: never.
+    Off,
+    /// The default: from the start, at every depth.
+    On,
+    /// `window` (an experiment): switched on and off with kernel activity. On an H100
+    /// (2026-12-06) the eager GPT under a deep queue delivered every kernel record live with
+    /// windows switching kernel activity while memory activity was off, where with it on the
+    /// records stayed in CUPTI until the exit.
+    WithKernels,
+}
+
+impl MemActivity {
+    fn from_env() -> Self {
+        match std::env::var("SLO_PROBE_MEM_ACTIVITY").as_deref() {
+            Ok("0") => Self::Off,
+            Ok("window") => Self::WithKernels,
+            _ => Self::On,
+        }
+    }
+
+    /// The activity kinds switched with kernel activity.
+    pub(crate) fn with_kernels(self) -> &'static [u32] {
+        match self {
+            Self::WithKernels => &[activity::KIND_MEMCPY, activity::KIND_MEMSET],
+            Self::Off | Self::On => &[],
+        }
+    }
+}
 
 /// The launch configuration in a kernel launch's API parameters (`encode_launch`; 0 when not
 /// a kernel launch, or unreadable).
@@ -506,12 +531,10 @@ fn shim() -> &'static Shim {
         for (k, v) in bad {
             say!("{k}={v} is not valid; using the default");
         }
-        let mem_var = std::env::var("SLO_PROBE_MEM_ACTIVITY").ok();
-        let mem_activity = mem_var.as_deref() != Some("0");
-        MEM_WITH_KERNELS.store(mem_var.as_deref() == Some("window"), Ordering::Relaxed);
+        let mem_activity = MemActivity::from_env();
         // Without memory activity, switching kernel activity under CUDA graphs delivered every
         // record (see `depth::Planner`): no pin needed.
-        cfg.graph_floor &= mem_activity;
+        cfg.graph_floor &= mem_activity != MemActivity::Off;
         let corr = (0..CORR_SLOTS)
             .map(|_| CorrSlot {
                 correlation: AtomicU32::new(0),
@@ -680,7 +703,7 @@ impl Shim {
                 }
                 // Copies and fills name their operator at every depth (their records come
                 // at every depth).
-                if self.mem_activity {
+                if self.mem_activity != MemActivity::Off {
                     for cbid in control::RUNTIME_COPY_CBIDS {
                         (api.cuptiEnableCallback)(1, sub, DOMAIN_RUNTIME, cbid);
                     }
@@ -690,7 +713,7 @@ impl Shim {
             let r = (api.cuptiActivityRegisterCallbacks)(buffer_requested, buffer_completed);
             api.check(r, || "cuptiActivityRegisterCallbacks".into())?;
             let mut kinds = vec![activity::KIND_GRAPH_TRACE];
-            if self.mem_activity && !MEM_WITH_KERNELS.load(Ordering::Relaxed) {
+            if self.mem_activity == MemActivity::On {
                 kinds.extend([activity::KIND_MEMCPY, activity::KIND_MEMSET]);
             }
             for k in kinds {
