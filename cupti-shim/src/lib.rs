@@ -319,6 +319,10 @@ struct Shim {
 }
 
 static SHIM: OnceLock<Shim> = OnceLock::new();
+/// Said once: kernel records repeat correlation ids (`Tally::repeats_unreliable`).
+static REPEATS_SAID: AtomicBool = AtomicBool::new(false);
+/// See `Tally::repeats_unreliable`.
+const REPEATS_SAID_FROM: u64 = 64;
 static FORKED: AtomicBool = AtomicBool::new(false);
 
 /// Set when the process has begun to exit (`at_exit`): from then on the background thread
@@ -353,9 +357,13 @@ pub(crate) enum MemActivity {
     /// The default: from the start, at every depth.
     On,
     /// `window` (an experiment): switched on and off with kernel activity. On an H100
-    /// (2026-12-06) the eager GPT under a deep queue delivered every kernel record live with
-    /// windows switching kernel activity while memory activity was off, where with it on the
-    /// records stayed in CUPTI until the exit.
+    /// (2026-12-06, `bench/results/faults-2026-12-06-h100`, calls 7–9) with the hold off
+    /// (`SLO_PROBE_HOLD_LAG_MS=0`), the suite's GPU-bound eager jobs delivered every record
+    /// live and the GPT's 16x512 A/B cost −0.01% where the hold costs +0.67%; the convnet's
+    /// faults were named right, but the GPT's kernel records came with the correlation id of
+    /// the record before them (0% for a dozen windows, then up to 99.8%, for good), so its
+    /// operators were wrong. Switching only at drained moments (`SLO_PROBE_TOGGLE_AT_SYNC=1`)
+    /// kept the ids right (top-1 3/3) but parks the job's thread: not a default.
     WithKernels,
 }
 
@@ -881,6 +889,15 @@ impl Tally {
         done
     }
 
+    /// Whether this buffer's kernel records carry their launches' correlation ids so rarely that
+    /// the job's log should say so: at least [`REPEATS_SAID_FROM`] repeats, a tenth of its
+    /// kernel records or more. On an H100 (2026-12-06) the fault suite's eager GPT under
+    /// `SLO_PROBE_MEM_ACTIVITY=window` with the hold off went from 0 to 99.8% repeats after a
+    /// dozen windows, and stayed there; the shipped shim's recordings of it have none.
+    fn repeats_unreliable(&self) -> bool {
+        self.corr_repeats >= REPEATS_SAID_FROM && self.corr_repeats * 10 >= self.kernels
+    }
+
     fn add_to(&self, c: &Counters) {
         c.buffers_completed.fetch_add(1, Ordering::Relaxed);
         for (counter, n) in [
@@ -1256,6 +1273,16 @@ unsafe extern "C" fn buffer_completed(
             }
         }
         ctx.tally.add_to(&s.counters);
+        if ctx.tally.repeats_unreliable() && !REPEATS_SAID.swap(true, Ordering::Relaxed) {
+            say!(
+                "CUPTI gave {} of {} kernel records the correlation id of the record before them: \
+                 their operators and launch times are not their own from here on (seen where \
+                 kernel activity is switched under a deep launch queue; the shim's defaults hold \
+                 it on there)",
+                ctx.tally.corr_repeats,
+                ctx.tally.kernels
+            );
+        }
         let mut dropped = 0usize;
         // SAFETY: valid out pointer; ctx/stream as CUPTI gave them.
         unsafe { (api.cuptiActivityGetNumDroppedRecords)(ctx_ptr, stream_id, &mut dropped) };
@@ -1646,6 +1673,24 @@ pub extern "C" fn slo_probe_flush() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The job's log hears of repeated correlation ids where they are many and common (the
+    /// GPT's bursts of call 8, bench/results/faults-2026-12-06-h100: 590 of 1,892, then 99.8%),
+    /// not for the few a buffer may carry.
+    #[test]
+    fn many_repeated_correlation_ids_are_said() {
+        let t = |kernels, corr_repeats| Tally {
+            kernels,
+            corr_repeats,
+            ..Tally::default()
+        };
+        assert!(t(1_892, 590).repeats_unreliable());
+        assert!(t(140_116, 139_876).repeats_unreliable());
+        assert!(!t(1_892, 0).repeats_unreliable());
+        assert!(!t(10_000, 63).repeats_unreliable(), "too few to say");
+        assert!(!t(100_000, 9_000).repeats_unreliable(), "under a tenth");
+        assert!(t(640, 64).repeats_unreliable());
+    }
 
     /// The launch configuration read from each kernel-launch API's parameters, as CUPTI passes
     /// them (the bindings' layouts).
