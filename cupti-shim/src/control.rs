@@ -89,21 +89,145 @@ enum DrainState {
 /// seventh session), which is why the planner holds kernel tracing on for GPU-bound jobs. Here
 /// the flusher asks for a drained moment instead: the next thread to leave a synchronising call
 /// parks there (at most [`PARKED_WAIT`]) while the flusher switches, then goes on.
+///
+/// With `SLO_PROBE_TOGGLE_AT_SYNC=inline` (an experiment) nothing parks: the thread leaving the
+/// synchronising call switches kernel activity (and the kinds switched with it) itself, in the
+/// call's exit callback, and goes on; the flusher flushes afterwards. Parking kept the eager
+/// GPT's correlation ids right on an H100 (2026-12-06, call 9) but cost blocks with a window
+/// +11.7%; this keeps the job's thread for the CUPTI calls alone.
 pub(crate) struct Drain {
     pub(crate) enabled: bool,
+    /// Switch in the synchronising call's exit callback instead of parking there.
+    pub(crate) inline: bool,
     wanted: std::sync::atomic::AtomicBool,
     state: std::sync::Mutex<DrainState>,
     cv: std::sync::Condvar,
+    /// The inline switch asked for and its outcome (`INLINE_*`).
+    inline_state: std::sync::atomic::AtomicU8,
+    /// The error of an inline switch that failed.
+    inline_error: std::sync::Mutex<Option<ShimError>>,
+    /// Whether the last inline switch found a drained moment.
+    pub(crate) inline_drained: std::sync::atomic::AtomicBool,
+    /// Time the flusher spent waiting for drained moments, ns (left out of `toggle_ns`).
+    pub(crate) inline_wait_ns: std::sync::atomic::AtomicU64,
 }
 
+/// No inline switch wanted.
+const INLINE_IDLE: u8 = 0;
+/// Kernel activity wanted on (off) at the next drained moment.
+const INLINE_WANT_ON: u8 = 1;
+const INLINE_WANT_OFF: u8 = 2;
+/// A thread at a drained moment is switching.
+const INLINE_TAKEN: u8 = 3;
+/// Switched at a drained moment (with or without an error from CUPTI).
+const INLINE_DONE: u8 = 4;
+const INLINE_FAILED: u8 = 5;
+
 impl Drain {
+    /// From `SLO_PROBE_TOGGLE_AT_SYNC`: `1` or `true` park, `inline`, anything else off.
+    pub(crate) fn from_env(v: Option<&str>) -> Self {
+        match v {
+            Some("inline") => Self {
+                inline: true,
+                ..Self::new(true)
+            },
+            Some(v) if v == "1" || v.eq_ignore_ascii_case("true") => Self::new(true),
+            _ => Self::new(false),
+        }
+    }
+
     pub(crate) fn new(enabled: bool) -> Self {
         Self {
             enabled,
+            inline: false,
             wanted: std::sync::atomic::AtomicBool::new(false),
             state: std::sync::Mutex::new(DrainState::Idle),
             cv: std::sync::Condvar::new(),
+            inline_state: std::sync::atomic::AtomicU8::new(INLINE_IDLE),
+            inline_error: std::sync::Mutex::new(None),
+            inline_drained: std::sync::atomic::AtomicBool::new(false),
+            inline_wait_ns: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Has `toggle(on)` run by the next thread to leave a synchronising call
+    /// ([`Drain::take_inline`]), or by the caller after [`DRAIN_WAIT`] without one. Returns its
+    /// result and whether a drained moment came. The caller waits (the flusher), never the job.
+    fn inline_switch(
+        &self,
+        on: bool,
+        toggle: impl FnOnce(bool) -> Result<(), ShimError>,
+    ) -> (Result<(), ShimError>, bool) {
+        let t0 = now_ns();
+        let (r, drained) = self.inline_wait(on, toggle);
+        self.inline_drained.store(drained, Ordering::Relaxed);
+        if drained {
+            // The wait is not the switch's cost (the job's thread paid for the CUPTI calls, in
+            // its callback time).
+            self.inline_wait_ns
+                .fetch_add(now_ns().saturating_sub(t0), Ordering::Relaxed);
+        }
+        (r, drained)
+    }
+
+    fn inline_wait(
+        &self,
+        on: bool,
+        toggle: impl FnOnce(bool) -> Result<(), ShimError>,
+    ) -> (Result<(), ShimError>, bool) {
+        let want = if on { INLINE_WANT_ON } else { INLINE_WANT_OFF };
+        self.inline_state.store(want, Ordering::Release);
+        let deadline = std::time::Instant::now() + DRAIN_WAIT;
+        loop {
+            match self.inline_state.load(Ordering::Acquire) {
+                INLINE_DONE => {
+                    self.inline_state.store(INLINE_IDLE, Ordering::Release);
+                    return (Ok(()), true);
+                }
+                INLINE_FAILED => {
+                    let e = self.inline_error.lock().ok().and_then(|mut g| g.take());
+                    self.inline_state.store(INLINE_IDLE, Ordering::Release);
+                    return (Err(e.unwrap_or(ShimError::Unavailable)), true);
+                }
+                w if w == want && std::time::Instant::now() >= deadline => {
+                    if self
+                        .inline_state
+                        .compare_exchange(want, INLINE_IDLE, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        return (toggle(on), false);
+                    }
+                }
+                _ => std::thread::park_timeout(std::time::Duration::from_millis(1)),
+            }
+        }
+    }
+
+    /// At a drained moment: runs the inline switch wanted, if any and no other thread took it.
+    /// Returns whether it ran.
+    fn take_inline(&self, toggle: impl FnOnce(bool) -> Result<(), ShimError>) -> bool {
+        let want = self.inline_state.load(Ordering::Acquire);
+        if (want != INLINE_WANT_ON && want != INLINE_WANT_OFF)
+            || self
+                .inline_state
+                .compare_exchange(want, INLINE_TAKEN, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return false;
+        }
+        let state = match toggle(want == INLINE_WANT_ON) {
+            Ok(()) => INLINE_DONE,
+            Err(e) => {
+                // Never waits: the flusher takes the error only after the state says failed.
+                if let Ok(mut g) = self.inline_error.try_lock() {
+                    *g = Some(e);
+                }
+                INLINE_FAILED
+            }
+        };
+        self.inline_state.store(state, Ordering::Release);
+        crate::wake_flusher();
+        true
     }
 
     /// Runs `switch` at a drained moment, or after [`DRAIN_WAIT`] without one. Returns whether
@@ -150,7 +274,22 @@ pub(crate) fn sync_callback(s: &Shim, data: *const c_void) {
         )
     };
     if site != 0 {
-        d.park(); // the exit site
+        // The exit site.
+        if d.inline {
+            if let Some(api) = s.api.as_ref() {
+                let with_kernels = s.mem_activity.with_kernels();
+                let t0 = now_ns();
+                // SAFETY: CUPTI activity calls from an API callback's exit (the experiment
+                // measures whether CUPTI takes them there).
+                if d.take_inline(|on| unsafe { kernel_activity(api, on, with_kernels) }) {
+                    s.hot
+                        .callback_ns
+                        .fetch_add(now_ns().saturating_sub(t0), Ordering::Relaxed);
+                }
+            }
+        } else {
+            d.park();
+        }
     }
 }
 
@@ -235,6 +374,34 @@ impl Control {
     }
 }
 
+/// Kernel activity on (then the kinds `with_kernels`), or off (the kinds first).
+///
+/// # Safety
+/// Not from a buffer callback; the flusher, a blocking entry point, or an API callback's exit
+/// at a drained moment ([`Drain::inline`]).
+unsafe fn kernel_activity(api: &Cupti, on: bool, with_kernels: &[u32]) -> Result<(), ShimError> {
+    let kernel = activity::KIND_CONCURRENT_KERNEL;
+    // SAFETY: per the caller.
+    unsafe {
+        if on {
+            let r = (api.cuptiActivityEnable)(kernel);
+            api.check(r, || "cuptiActivityEnable(CONCURRENT_KERNEL)".into())?;
+            for &k in with_kernels {
+                let r = (api.cuptiActivityEnable)(k);
+                api.check(r, || format!("cuptiActivityEnable({k})"))?;
+            }
+        } else {
+            for &k in with_kernels {
+                let r = (api.cuptiActivityDisable)(k);
+                api.check(r, || format!("cuptiActivityDisable({k})"))?;
+            }
+            let r = (api.cuptiActivityDisable)(kernel);
+            api.check(r, || "cuptiActivityDisable(CONCURRENT_KERNEL)".into())?;
+        }
+    }
+    Ok(())
+}
+
 /// `cuptiEnableCallback` for every kernel-launch id of the domains in `mask`.
 ///
 /// # Safety
@@ -268,7 +435,19 @@ unsafe fn switch_cupti(
     depth: u32,
     domains: u32,
     with_kernels: &[u32],
+    inline: Option<&Drain>,
 ) -> Result<(), ShimError> {
+    // Kernel activity and the kinds switched with it: here, or at a drained moment by the
+    // thread that found it (`inline`, whose disable needs no flush first: nothing is in flight).
+    let toggle = |on: bool| match inline {
+        // SAFETY: per the caller.
+        None => unsafe { kernel_activity(api, on, with_kernels) },
+        Some(d) => {
+            let (r, _drained) =
+                d.inline_switch(on, |on| unsafe { kernel_activity(api, on, with_kernels) });
+            r
+        }
+    };
     let want_kernels = depth >= DEPTH_KERNELS;
     let want_domains = if want_kernels && !sub.is_null() {
         domains
@@ -284,13 +463,8 @@ unsafe fn switch_cupti(
             a.domains |= want_domains;
         }
         if want_kernels && a.depth == DEPTH_TIMING {
-            let r = (api.cuptiActivityEnable)(activity::KIND_CONCURRENT_KERNEL);
-            api.check(r, || "cuptiActivityEnable(CONCURRENT_KERNEL)".into())?;
+            toggle(true)?;
             a.depth = DEPTH_KERNELS;
-            for &k in with_kernels {
-                let r = (api.cuptiActivityEnable)(k);
-                api.check(r, || format!("cuptiActivityEnable({k})"))?;
-            }
         }
         if depth == DEPTH_NODES && a.depth == DEPTH_KERNELS {
             // Graph-level and node-level records exclude each other.
@@ -306,14 +480,15 @@ unsafe fn switch_cupti(
             a.depth = DEPTH_KERNELS;
         }
         if !want_kernels && a.depth == DEPTH_KERNELS {
-            // Flush first: what was traced reaches the ring before the kind goes off.
-            (api.cuptiActivityFlushAll)(0);
-            for &k in with_kernels {
-                let r = (api.cuptiActivityDisable)(k);
-                api.check(r, || format!("cuptiActivityDisable({k})"))?;
+            // Flush first: what was traced reaches the ring before the kind goes off (at a
+            // drained moment, after: the GPU has run all of it).
+            if inline.is_none() {
+                (api.cuptiActivityFlushAll)(0);
             }
-            let r = (api.cuptiActivityDisable)(activity::KIND_CONCURRENT_KERNEL);
-            api.check(r, || "cuptiActivityDisable(CONCURRENT_KERNEL)".into())?;
+            toggle(false)?;
+            if inline.is_some() {
+                (api.cuptiActivityFlushAll)(0);
+            }
             a.depth = DEPTH_TIMING;
         }
         if a.domains & !want_domains != 0 && !sub.is_null() {
@@ -352,13 +527,25 @@ impl Shim {
         c: &mut Control,
         depth: u32,
         domains: u32,
+        inline: Option<&Drain>,
     ) -> Result<(), ShimError> {
         let t0 = now_ns();
+        let waited0 = self.drain.inline_wait_ns.load(Ordering::Relaxed);
         let sub = self.subscriber.load(Ordering::Acquire);
         let had_kernels = traces_kernels(c.applied.depth);
-        // SAFETY: `sub` is the shim's subscriber (or null in activity-only mode).
         let with_kernels = self.mem_activity.with_kernels();
-        let r = unsafe { switch_cupti(api, sub, &mut c.applied, depth, domains, with_kernels) };
+        // SAFETY: `sub` is the shim's subscriber (or null in activity-only mode).
+        let r = unsafe {
+            switch_cupti(
+                api,
+                sub,
+                &mut c.applied,
+                depth,
+                domains,
+                with_kernels,
+                inline,
+            )
+        };
         if r.is_ok()
             && had_kernels
             && c.applied.depth == DEPTH_TIMING
@@ -374,9 +561,15 @@ impl Shim {
             unsafe { (api.cuptiActivityFlushAll)(crate::FLUSH_FORCED) };
             self.counters.forced_flushes.fetch_add(1, Ordering::Relaxed);
         }
-        self.counters
-            .toggle_ns
-            .fetch_add(now_ns().saturating_sub(t0), Ordering::Relaxed);
+        let waited = self
+            .drain
+            .inline_wait_ns
+            .load(Ordering::Relaxed)
+            .saturating_sub(waited0);
+        self.counters.toggle_ns.fetch_add(
+            now_ns().saturating_sub(t0).saturating_sub(waited),
+            Ordering::Relaxed,
+        );
         r
     }
 
@@ -519,10 +712,15 @@ impl Shim {
         if plan.depth != from.depth || domains != from.domains {
             let r =
                 if self.drain.enabled && traces_kernels(plan.depth) != traces_kernels(from.depth) {
-                    let (r, drained) = self.drain.at_drained(|| {
-                        before = now_ns();
-                        self.switch(api, c, plan.depth, domains)
-                    });
+                    let (r, drained) = if self.drain.inline {
+                        let r = self.switch(api, c, plan.depth, domains, Some(&self.drain));
+                        (r, self.drain.inline_drained.load(Ordering::Relaxed))
+                    } else {
+                        self.drain.at_drained(|| {
+                            before = now_ns();
+                            self.switch(api, c, plan.depth, domains, None)
+                        })
+                    };
                     let n = if drained {
                         &self.counters.drained_switches
                     } else {
@@ -531,7 +729,7 @@ impl Shim {
                     n.fetch_add(1, Ordering::Relaxed);
                     r
                 } else {
-                    self.switch(api, c, plan.depth, domains)
+                    self.switch(api, c, plan.depth, domains, None)
                 };
             if let Err(e) = r {
                 // Retried at every tick: said the first few times only.
@@ -767,13 +965,96 @@ mod tests {
 
     const SUB: *mut c_void = 8 as *mut c_void;
 
+    /// `SLO_PROBE_TOGGLE_AT_SYNC=inline`: kernel activity (and the kinds with it) goes on and
+    /// off on the thread that left a synchronising call, which does not wait for anyone; the
+    /// flusher enables the launch callbacks before, and flushes and disables them after.
+    #[test]
+    fn an_inline_switch_runs_on_the_thread_at_a_drained_moment() {
+        use std::{
+            sync::{atomic::AtomicBool, Arc},
+            time::{Duration, Instant},
+        };
+        let d = Arc::new(Drain::from_env(Some("inline")));
+        assert!(d.enabled && d.inline);
+        let done = Arc::new(AtomicBool::new(false));
+        let (d2, done2) = (d.clone(), done.clone());
+        let job = std::thread::spawn(move || {
+            let api = fake();
+            let mut longest = Duration::ZERO;
+            let mut ran = 0;
+            while !done2.load(Ordering::Acquire) {
+                let t0 = Instant::now();
+                // SAFETY: a fake API.
+                ran +=
+                    u32::from(d2.take_inline(|on| unsafe { kernel_activity(&api, on, &[5, 6]) }));
+                longest = longest.max(t0.elapsed());
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            (take(), longest, ran)
+        });
+        let api = fake();
+        let mut a = timing();
+        // SAFETY: a fake API; the subscriber is never dereferenced.
+        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_KERNELS, DRIVER, &[5, 6], Some(&d)) }
+            .expect("raise");
+        assert!(d.inline_drained.load(Ordering::Relaxed));
+        assert_eq!(take(), ["cb+ 1:307", "cb+ 1:442", "cb+ 1:652", "cb+ 1:653"]);
+        // SAFETY: as above.
+        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_TIMING, DRIVER, &[5, 6], Some(&d)) }
+            .expect("lower");
+        assert_eq!(
+            take(),
+            ["flush", "cb- 1:307", "cb- 1:442", "cb- 1:652", "cb- 1:653"],
+            "flushed after the switch, callbacks last"
+        );
+        assert_eq!(a, timing());
+        done.store(true, Ordering::Release);
+        let (calls, longest, ran) = job.join().expect("job");
+        assert_eq!(ran, 2);
+        assert_eq!(
+            calls,
+            [
+                "enable 10",
+                "enable 5",
+                "enable 6",
+                "disable 5",
+                "disable 6",
+                "disable 10"
+            ]
+        );
+        // The thread ran the CUPTI calls and went on: it never waited for the flusher.
+        assert!(longest < Duration::from_millis(5), "{longest:?}");
+        assert!(d.inline_wait_ns.load(Ordering::Relaxed) > 0);
+    }
+
+    /// Without a drained moment in [`DRAIN_WAIT`], the flusher switches itself.
+    #[test]
+    fn an_inline_switch_without_a_drained_moment_is_done_by_the_flusher() {
+        let d = Drain::from_env(Some("inline"));
+        let api = fake();
+        let mut a = timing();
+        // SAFETY: a fake API; the subscriber is never dereferenced.
+        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_KERNELS, DRIVER, &[], Some(&d)) }
+            .expect("raise");
+        assert!(!d.inline_drained.load(Ordering::Relaxed));
+        assert_eq!(take().last().map(String::as_str), Some("enable 10"));
+        assert_eq!(d.inline_state.load(Ordering::Relaxed), INLINE_IDLE);
+        // Nobody takes a switch that is no longer wanted.
+        assert!(!d.take_inline(|_| panic!("not wanted")));
+        assert!(!Drain::from_env(Some("0")).enabled);
+        assert!(!Drain::from_env(None).enabled);
+        let park = Drain::from_env(Some("1"));
+        assert!(park.enabled && !park.inline);
+    }
+
     /// 0 → 1 → 2 → 0 makes exactly the calls the design says, in order.
     #[test]
     fn switching_calls_cupti_in_order() {
         let api = fake();
         let mut a = timing();
         // SAFETY: a fake API; the subscriber is never dereferenced.
-        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_KERNELS, DRIVER, &[]) }.expect("raise");
+        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_KERNELS, DRIVER, &[], None) }
+            .expect("raise");
         assert_eq!(
             take(),
             [
@@ -787,12 +1068,12 @@ mod tests {
         );
         assert_eq!((a.depth, a.domains), (DEPTH_KERNELS, DRIVER));
         // SAFETY: as above.
-        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_NODES, DRIVER, &[]) }.expect("nodes");
+        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_NODES, DRIVER, &[], None) }.expect("nodes");
         assert_eq!(take(), ["flush", "disable 51"]);
         // Straight down to timing: graph-level tracing back on, flush before kernels go off,
         // callbacks last.
         // SAFETY: as above.
-        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_TIMING, DRIVER, &[]) }.expect("lower");
+        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_TIMING, DRIVER, &[], None) }.expect("lower");
         assert_eq!(
             take(),
             [
@@ -814,11 +1095,22 @@ mod tests {
         let api = fake();
         let mut a = timing();
         // SAFETY: a fake API.
-        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_KERNELS, DRIVER | RUNTIME, &[]) }
-            .expect("raise");
+        unsafe {
+            switch_cupti(
+                &api,
+                SUB,
+                &mut a,
+                DEPTH_KERNELS,
+                DRIVER | RUNTIME,
+                &[],
+                None,
+            )
+        }
+        .expect("raise");
         assert_eq!(take().len(), 9);
         // SAFETY: as above.
-        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_KERNELS, RUNTIME, &[]) }.expect("narrow");
+        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_KERNELS, RUNTIME, &[], None) }
+            .expect("narrow");
         assert_eq!(take(), ["cb- 1:307", "cb- 1:442", "cb- 1:652", "cb- 1:653"]);
         assert_eq!(a.domains, RUNTIME);
         let mut b = timing();
@@ -831,6 +1123,7 @@ mod tests {
                 DEPTH_KERNELS,
                 DRIVER,
                 &[],
+                None,
             )
         }
         .expect("activity only");
@@ -844,7 +1137,7 @@ mod tests {
         let mut a = timing();
         FAIL_ENABLE.with(|f| *f.borrow_mut() = true);
         // SAFETY: a fake API.
-        let r = unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_KERNELS, RUNTIME, &[]) };
+        let r = unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_KERNELS, RUNTIME, &[], None) };
         FAIL_ENABLE.with(|f| *f.borrow_mut() = false);
         let e = r.expect_err("enable fails");
         assert!(e
@@ -854,7 +1147,8 @@ mod tests {
         take();
         // The next switch down removes the callbacks that went on.
         // SAFETY: as above.
-        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_TIMING, RUNTIME, &[]) }.expect("lower");
+        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_TIMING, RUNTIME, &[], None) }
+            .expect("lower");
         assert_eq!(take(), ["cb- 2:211", "cb- 2:214", "cb- 2:430", "cb- 2:431"]);
     }
 

@@ -587,7 +587,9 @@ fn shim() -> &'static Shim {
             mem_activity,
             buffers_cfg: BufferCfg::from_env(),
             counters: Counters::default(),
-            drain: control::Drain::new(env_flag("SLO_PROBE_TOGGLE_AT_SYNC")),
+            drain: control::Drain::from_env(
+                std::env::var("SLO_PROBE_TOGGLE_AT_SYNC").ok().as_deref(),
+            ),
             log,
         };
         if let Some(t) = &s.transport {
