@@ -262,7 +262,7 @@ impl Drain {
 pub(crate) fn sync_callback(s: &Shim, data: *const c_void) {
     use cudarc::cupti::sys::CUpti_CallbackData as Cb;
     let d = &s.drain;
-    if !d.wanted.load(Ordering::Acquire) {
+    if !d.waiting() {
         return;
     }
     // SAFETY: for API domains CUPTI passes a CUpti_CallbackData.
@@ -273,22 +273,42 @@ pub(crate) fn sync_callback(s: &Shim, data: *const c_void) {
                 .cast::<u32>(),
         )
     };
-    if site != 0 {
-        // The exit site.
-        if d.inline {
-            if let Some(api) = s.api.as_ref() {
-                let with_kernels = s.mem_activity.with_kernels();
-                let t0 = now_ns();
-                // SAFETY: CUPTI activity calls from an API callback's exit (the experiment
-                // measures whether CUPTI takes them there).
-                if d.take_inline(|on| unsafe { kernel_activity(api, on, with_kernels) }) {
-                    s.hot
-                        .callback_ns
-                        .fetch_add(now_ns().saturating_sub(t0), Ordering::Relaxed);
-                }
-            }
+    if site == 0 {
+        return; // the entry site
+    }
+    let Some(api) = s.api.as_ref() else { return };
+    let with_kernels = s.mem_activity.with_kernels();
+    let t0 = now_ns();
+    // SAFETY: CUPTI activity calls from an API callback's exit (the experiment measures
+    // whether CUPTI takes them there).
+    if d.at_sync_exit(|on| unsafe { kernel_activity(api, on, with_kernels) }) {
+        s.hot
+            .callback_ns
+            .fetch_add(now_ns().saturating_sub(t0), Ordering::Relaxed);
+    }
+}
+
+impl Drain {
+    /// Whether the flusher waits for a drained moment (to park a thread at, or to switch at).
+    fn waiting(&self) -> bool {
+        if self.inline {
+            matches!(
+                self.inline_state.load(Ordering::Acquire),
+                INLINE_WANT_ON | INLINE_WANT_OFF
+            )
         } else {
-            d.park();
+            self.wanted.load(Ordering::Acquire)
+        }
+    }
+
+    /// At the exit of a synchronising call (a drained moment): the inline switch wanted, run
+    /// here with `toggle` (returns true), or the park.
+    fn at_sync_exit(&self, toggle: impl FnOnce(bool) -> Result<(), ShimError>) -> bool {
+        if self.inline {
+            self.take_inline(toggle)
+        } else {
+            self.park();
+            false
         }
     }
 }
@@ -481,10 +501,9 @@ unsafe fn switch_cupti(
         }
         if !want_kernels && a.depth == DEPTH_KERNELS {
             // Flush first: what was traced reaches the ring before the kind goes off (at a
-            // drained moment, after: the GPU has run all of it).
-            if inline.is_none() {
-                (api.cuptiActivityFlushAll)(0);
-            }
+            // drained moment, after too: the GPU has run all of it then; before as well, in
+            // case no drained moment comes and the flusher switches under the queue).
+            (api.cuptiActivityFlushAll)(0);
             toggle(false)?;
             if inline.is_some() {
                 (api.cuptiActivityFlushAll)(0);
@@ -1004,8 +1023,15 @@ mod tests {
             .expect("lower");
         assert_eq!(
             take(),
-            ["flush", "cb- 1:307", "cb- 1:442", "cb- 1:652", "cb- 1:653"],
-            "flushed after the switch, callbacks last"
+            [
+                "flush",
+                "flush",
+                "cb- 1:307",
+                "cb- 1:442",
+                "cb- 1:652",
+                "cb- 1:653"
+            ],
+            "flushed before and after the switch, callbacks last"
         );
         assert_eq!(a, timing());
         done.store(true, Ordering::Release);
@@ -1040,7 +1066,8 @@ mod tests {
         assert_eq!(take().last().map(String::as_str), Some("enable 10"));
         assert_eq!(d.inline_state.load(Ordering::Relaxed), INLINE_IDLE);
         // Nobody takes a switch that is no longer wanted.
-        assert!(!d.take_inline(|_| panic!("not wanted")));
+        assert!(!d.waiting());
+        assert!(!d.at_sync_exit(|_| panic!("not wanted")));
         assert!(!Drain::from_env(Some("0")).enabled);
         assert!(!Drain::from_env(None).enabled);
         let park = Drain::from_env(Some("1"));
