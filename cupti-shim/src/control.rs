@@ -108,7 +108,8 @@ pub(crate) struct Drain {
     inline_error: std::sync::Mutex<Option<ShimError>>,
     /// Whether the last inline switch found a drained moment.
     pub(crate) inline_drained: std::sync::atomic::AtomicBool,
-    /// Time the flusher spent waiting for drained moments, ns (left out of `toggle_ns`).
+    /// Time the flusher spent waiting for drained moments, found or not, ns (left out of
+    /// `toggle_ns`).
     pub(crate) inline_wait_ns: std::sync::atomic::AtomicU64,
 }
 
@@ -159,22 +160,24 @@ impl Drain {
         toggle: impl FnOnce(bool) -> Result<(), ShimError>,
     ) -> (Result<(), ShimError>, bool) {
         let t0 = now_ns();
-        let (r, drained) = self.inline_wait(on, toggle);
+        let waited = self.inline_wait(on);
+        // The wait is not the switch's cost, drained moment or not (the job's thread paid for
+        // the CUPTI calls, in its callback time). Counted in, a window whose switches waited
+        // 3 s for a drained moment set the period to minutes (H100, 2026-12-06: 3 windows in
+        // 139 s of the suite's eager GPT).
+        self.inline_wait_ns
+            .fetch_add(now_ns().saturating_sub(t0), Ordering::Relaxed);
+        let (r, drained) = match waited {
+            Some(r) => (r, true),
+            None => (toggle(on), false),
+        };
         self.inline_drained.store(drained, Ordering::Relaxed);
-        if drained {
-            // The wait is not the switch's cost (the job's thread paid for the CUPTI calls, in
-            // its callback time).
-            self.inline_wait_ns
-                .fetch_add(now_ns().saturating_sub(t0), Ordering::Relaxed);
-        }
         (r, drained)
     }
 
-    fn inline_wait(
-        &self,
-        on: bool,
-        toggle: impl FnOnce(bool) -> Result<(), ShimError>,
-    ) -> (Result<(), ShimError>, bool) {
+    /// Waits for a thread at a drained moment to switch: its result, or `None` after
+    /// [`DRAIN_WAIT`] (the switch is then no longer wanted: the caller does it).
+    fn inline_wait(&self, on: bool) -> Option<Result<(), ShimError>> {
         let want = if on { INLINE_WANT_ON } else { INLINE_WANT_OFF };
         self.inline_state.store(want, Ordering::Release);
         let deadline = std::time::Instant::now() + DRAIN_WAIT;
@@ -182,21 +185,21 @@ impl Drain {
             match self.inline_state.load(Ordering::Acquire) {
                 INLINE_DONE => {
                     self.inline_state.store(INLINE_IDLE, Ordering::Release);
-                    return (Ok(()), true);
+                    return Some(Ok(()));
                 }
                 INLINE_FAILED => {
                     let e = self.inline_error.lock().ok().and_then(|mut g| g.take());
                     self.inline_state.store(INLINE_IDLE, Ordering::Release);
-                    return (Err(e.unwrap_or(ShimError::Unavailable)), true);
+                    return Some(Err(e.unwrap_or(ShimError::Unavailable)));
                 }
-                w if w == want && std::time::Instant::now() >= deadline => {
-                    if self
+                w if w == want
+                    && std::time::Instant::now() >= deadline
+                    && self
                         .inline_state
                         .compare_exchange(want, INLINE_IDLE, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                    {
-                        return (toggle(on), false);
-                    }
+                        .is_ok() =>
+                {
+                    return None;
                 }
                 _ => std::thread::park_timeout(std::time::Duration::from_millis(1)),
             }
@@ -1064,6 +1067,8 @@ mod tests {
             .expect("raise");
         assert!(!d.inline_drained.load(Ordering::Relaxed));
         assert_eq!(take().last().map(String::as_str), Some("enable 10"));
+        // The 3 s waited is no part of the switch's cost.
+        assert!(d.inline_wait_ns.load(Ordering::Relaxed) >= DRAIN_WAIT.as_nanos() as u64);
         assert_eq!(d.inline_state.load(Ordering::Relaxed), INLINE_IDLE);
         // Nobody takes a switch that is no longer wanted.
         assert!(!d.waiting());
