@@ -92,9 +92,11 @@ enum DrainState {
 ///
 /// With `SLO_PROBE_TOGGLE_AT_SYNC=inline` (an experiment) nothing parks: the thread leaving the
 /// synchronising call switches kernel activity (and the kinds switched with it) itself, in the
-/// call's exit callback, and goes on; the flusher flushes afterwards. Parking kept the eager
-/// GPT's correlation ids right on an H100 (2026-12-06, call 9) but cost blocks with a window
-/// +11.7%; this keeps the job's thread for the CUPTI calls alone.
+/// call's exit callback, and goes on; the flusher flushes afterwards. Without a drained moment
+/// nothing is switched. Parking kept the eager GPT's correlation ids right on an H100
+/// (2026-12-06, call 9) but cost blocks with a window +11.7%; this keeps the job's thread for
+/// the CUPTI calls alone. On the same GPT (call 11) CUPTI took the calls in the callback and no
+/// correlation id repeated (`bench/results/faults-2026-12-06-h100`).
 pub(crate) struct Drain {
     pub(crate) enabled: bool,
     /// Switch in the synchronising call's exit callback instead of parking there.
@@ -151,28 +153,24 @@ impl Drain {
         }
     }
 
-    /// Has `toggle(on)` run by the next thread to leave a synchronising call
-    /// ([`Drain::take_inline`]), or by the caller after [`DRAIN_WAIT`] without one. Returns its
-    /// result and whether a drained moment came. The caller waits (the flusher), never the job.
-    fn inline_switch(
-        &self,
-        on: bool,
-        toggle: impl FnOnce(bool) -> Result<(), ShimError>,
-    ) -> (Result<(), ShimError>, bool) {
+    /// Has the next thread to leave a synchronising call switch kernel activity on or off
+    /// ([`Drain::take_inline`]). Returns its result and whether a drained moment came; without
+    /// one in [`DRAIN_WAIT`], nothing is switched ([`ShimError::NotDrained`]: the flusher tries
+    /// again at its next tick), because switching under the queue is what corrupts the
+    /// correlation ids (H100, 2026-12-06, call 10: 28% of the kernel records). The caller waits
+    /// (the flusher), never the job.
+    fn inline_switch(&self, on: bool) -> (Result<(), ShimError>, bool) {
         let t0 = now_ns();
         let waited = self.inline_wait(on);
         // The wait is not the switch's cost, drained moment or not (the job's thread paid for
         // the CUPTI calls, in its callback time). Counted in, a window whose switches waited
-        // 3 s for a drained moment set the period to minutes (H100, 2026-12-06: 3 windows in
-        // 139 s of the suite's eager GPT).
+        // 3 s for a drained moment set the period to minutes (H100, 2026-12-06, call 11: 3
+        // windows in 139 s of the suite's eager GPT).
         self.inline_wait_ns
             .fetch_add(now_ns().saturating_sub(t0), Ordering::Relaxed);
-        let (r, drained) = match waited {
-            Some(r) => (r, true),
-            None => (toggle(on), false),
-        };
+        let drained = waited.is_some();
         self.inline_drained.store(drained, Ordering::Relaxed);
-        (r, drained)
+        (waited.unwrap_or(Err(ShimError::NotDrained)), drained)
     }
 
     /// Waits for a thread at a drained moment to switch: its result, or `None` after
@@ -465,11 +463,7 @@ unsafe fn switch_cupti(
     let toggle = |on: bool| match inline {
         // SAFETY: per the caller.
         None => unsafe { kernel_activity(api, on, with_kernels) },
-        Some(d) => {
-            let (r, _drained) =
-                d.inline_switch(on, |on| unsafe { kernel_activity(api, on, with_kernels) });
-            r
-        }
+        Some(d) => d.inline_switch(on).0,
     };
     let want_kernels = depth >= DEPTH_KERNELS;
     let want_domains = if want_kernels && !sub.is_null() {
@@ -1056,17 +1050,20 @@ mod tests {
         assert!(d.inline_wait_ns.load(Ordering::Relaxed) > 0);
     }
 
-    /// Without a drained moment in [`DRAIN_WAIT`], the flusher switches itself.
+    /// Without a drained moment in [`DRAIN_WAIT`], nothing is switched (under the queue it would
+    /// corrupt the correlation ids).
     #[test]
-    fn an_inline_switch_without_a_drained_moment_is_done_by_the_flusher() {
+    fn an_inline_switch_without_a_drained_moment_switches_nothing() {
         let d = Drain::from_env(Some("inline"));
         let api = fake();
         let mut a = timing();
         // SAFETY: a fake API; the subscriber is never dereferenced.
-        unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_KERNELS, DRIVER, &[], Some(&d)) }
-            .expect("raise");
+        let r = unsafe { switch_cupti(&api, SUB, &mut a, DEPTH_KERNELS, DRIVER, &[], Some(&d)) };
+        assert!(matches!(r, Err(ShimError::NotDrained)), "{r:?}");
         assert!(!d.inline_drained.load(Ordering::Relaxed));
-        assert_eq!(take().last().map(String::as_str), Some("enable 10"));
+        // Launch callbacks on, kernel activity not: the flusher tries again at its next tick.
+        assert!(take().iter().all(|c| c.starts_with("cb+")));
+        assert_eq!((a.depth, a.domains), (DEPTH_TIMING, DRIVER));
         // The 3 s waited is no part of the switch's cost.
         assert!(d.inline_wait_ns.load(Ordering::Relaxed) >= DRAIN_WAIT.as_nanos() as u64);
         assert_eq!(d.inline_state.load(Ordering::Relaxed), INLINE_IDLE);
