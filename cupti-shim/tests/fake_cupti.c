@@ -8,7 +8,7 @@
  * graph node `node`: the launch callback's enter (with the launch's parameters), the node-created
  * resource callback, the exit (1 when delivered);
  * fake_log() -> every call so far ("cb+ 2:211", "enable 10", "flush", ...; repeated flushes
- * are logged once). */
+ * are logged once; an activity switched from inside a callback is logged "enable 10 in cb"). */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -41,6 +41,8 @@ static void *userdata;
 static requested_fn requested;
 static completed_fn completed;
 static uint8_t enabled[8][1024];
+/* Set on a thread while the fake calls the shim's callback. */
+static __thread int in_callback;
 
 static void say(const char *what) {
     pthread_mutex_lock(&mu);
@@ -62,10 +64,12 @@ int fake_launch(uint32_t domain, uint32_t cbid, uint32_t correlation) {
     callback_data d;
     memset(&d, 0, sizeof d);
     d.correlationId = correlation;
+    in_callback = 1;
     d.callbackSite = 0; /* enter */
     callback(userdata, domain, cbid, &d);
     d.callbackSite = 1; /* exit */
     callback(userdata, domain, cbid, &d);
+    in_callback = 0;
     return 1;
 }
 
@@ -136,13 +140,13 @@ uint32_t cuptiEnableDomain(uint32_t on, void *sub, uint32_t domain) {
 }
 uint32_t cuptiActivityEnable(uint32_t kind) {
     char b[32];
-    snprintf(b, sizeof b, "enable %u;", kind);
+    snprintf(b, sizeof b, in_callback ? "enable %u in cb;" : "enable %u;", kind);
     say(b);
     return 0;
 }
 uint32_t cuptiActivityDisable(uint32_t kind) {
     char b[32];
-    snprintf(b, sizeof b, "disable %u;", kind);
+    snprintf(b, sizeof b, in_callback ? "disable %u in cb;" : "disable %u;", kind);
     say(b);
     return 0;
 }

@@ -73,6 +73,11 @@ fn child_process() {
         Ok("graphs") => GRAPHS_FROM,
         _ => 0,
     };
+    // The "sync" child synchronises every 4 steps.
+    let sync_every = match std::env::var(CHILD).as_deref() {
+        Ok("sync") => 4,
+        _ => 0,
+    };
     for step in 0..STEPS {
         slo_probe_step_begin(step);
         for (domain, cbid, n) in [(2, 211, 20), (1, 307, 5), (2, 311, 1)] {
@@ -92,6 +97,11 @@ fn child_process() {
             corr += 1;
         }
         std::thread::sleep(Duration::from_millis(STEP_MS));
+        if sync_every > 0 && step % sync_every == 0 {
+            // cuStreamSynchronize: its exit is a drained moment.
+            launch(1, 126, corr);
+            corr += 1;
+        }
         slo_probe_step_end(step);
         match step {
             54 => assert_eq!(slo_probe_request_depth(2, 5), 0),
@@ -658,6 +668,56 @@ fn memory_activity_can_follow_the_kernel_windows() {
     let offs = calls.matches("disable 1;disable 2;disable 10;").count();
     assert!(ons >= 3 && offs >= 3, "{ons} on, {offs} off: {calls}");
     assert_eq!(calls.matches("enable 10;").count(), ons, "{calls}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `SLO_PROBE_TOGGLE_AT_SYNC=inline`: kernel and memory activity are switched inside the exit
+/// callback of a synchronising call (the job's thread, which goes on), never by the flusher,
+/// and only then; the flusher flushes. The shim's callback once looked only at the park's flag,
+/// so no inline switch ran (H100, 2026-12-06, call 10).
+#[test]
+fn kernel_activity_switches_inside_synchronising_calls() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    let Some((dir, listener, mut child)) = spawn_child(
+        "inline-sync",
+        "sync",
+        &[
+            ("SLO_PROBE_SAMPLE_EVERY", "30"),
+            ("SLO_PROBE_SAMPLE_STEPS", "3"),
+            ("SLO_PROBE_GRAPH_FLOOR", "0"),
+            ("SLO_PROBE_HOLD_AT_START", "0"),
+            ("SLO_PROBE_MEM_ACTIVITY", "window"),
+            ("SLO_PROBE_TOGGLE_AT_SYNC", "inline"),
+        ],
+    ) else {
+        return;
+    };
+    let _ = drain_child(&mut child, &listener, |_, _| {});
+    let all = fake_line(&child_output(&mut child), "calls");
+    // Up to step 110's release (its forced flush, then everything off: CUPTI handed over from
+    // the script's thread).
+    let calls = &all[..all.find("flush forced;").expect("released")];
+    // The flusher's own log lines may come between the three calls of one switch.
+    let ons = calls.matches("enable 10 in cb;").count();
+    let offs = calls.matches("disable 10 in cb;").count();
+    assert!(ons >= 2 && offs >= 2, "{ons} on, {offs} off: {calls}");
+    for kind in [1, 2] {
+        assert_eq!(
+            calls.matches(&format!("enable {kind} in cb;")).count(),
+            ons,
+            "{calls}"
+        );
+        assert_eq!(
+            calls.matches(&format!("disable {kind} in cb;")).count(),
+            offs,
+            "{calls}"
+        );
+    }
+    // Kernel activity never switched outside a synchronising call.
+    assert_eq!(calls.matches("enable 10").count(), ons, "{calls}");
+    assert_eq!(calls.matches("disable 10").count(), offs, "{calls}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
