@@ -110,6 +110,8 @@ pub(crate) struct Drain {
     inline_error: std::sync::Mutex<Option<ShimError>>,
     /// Whether the last inline switch found a drained moment.
     pub(crate) inline_drained: std::sync::atomic::AtomicBool,
+    /// Threads of the job waiting for the control lock ([`Shim::lock_control`]).
+    pub(crate) lockers: std::sync::atomic::AtomicU32,
     /// Time the flusher spent waiting for drained moments, found or not, ns (left out of
     /// `toggle_ns`).
     pub(crate) inline_wait_ns: std::sync::atomic::AtomicU64,
@@ -150,6 +152,7 @@ impl Drain {
             inline_error: std::sync::Mutex::new(None),
             inline_drained: std::sync::atomic::AtomicBool::new(false),
             inline_wait_ns: std::sync::atomic::AtomicU64::new(0),
+            lockers: std::sync::atomic::AtomicU32::new(0),
         }
     }
 
@@ -190,8 +193,12 @@ impl Drain {
                     self.inline_state.store(INLINE_IDLE, Ordering::Release);
                     return Some(Err(e.unwrap_or(ShimError::Unavailable)));
                 }
+                // No drained moment in time, or a thread of the job waits for the lock the
+                // flusher holds meanwhile (the process exiting, a release).
                 w if w == want
-                    && std::time::Instant::now() >= deadline
+                    && (std::time::Instant::now() >= deadline
+                        || crate::EXITING.load(Ordering::Acquire)
+                        || self.lockers.load(Ordering::Acquire) > 0)
                     && self
                         .inline_state
                         .compare_exchange(want, INLINE_IDLE, Ordering::AcqRel, Ordering::Acquire)
@@ -239,10 +246,9 @@ impl Drain {
         };
         *st = DrainState::Idle;
         self.wanted.store(true, Ordering::Release);
-        let (g, _) = match self
-            .cv
-            .wait_timeout_while(st, DRAIN_WAIT, |s| *s != DrainState::Parked)
-        {
+        let (g, _) = match self.cv.wait_timeout_while(st, DRAIN_WAIT, |s| {
+            *s != DrainState::Parked && self.lockers.load(Ordering::Acquire) == 0
+        }) {
             Ok(x) => x,
             Err(_) => return (switch(), false),
         };
@@ -516,6 +522,21 @@ unsafe fn switch_cupti(
 }
 
 impl Shim {
+    /// The depth state, for a thread of the job (a blocking entry point: release, reacquire, the
+    /// exit): a flusher waiting under the lock for a drained moment gives up at once
+    /// ([`Drain::inline_wait`]), since the thread it waits for may be this one (the fake-CUPTI
+    /// test's release waited the whole 3 s).
+    pub(crate) fn lock_control(&self) -> std::sync::LockResult<std::sync::MutexGuard<'_, Control>> {
+        self.drain.lockers.fetch_add(1, Ordering::AcqRel);
+        // A flusher waiting for a thread to park wakes and gives up (the state's lock, taken
+        // for a moment, orders this after its look at `lockers` or before its wait).
+        drop(self.drain.state.lock());
+        self.drain.cv.notify_all();
+        let g = self.control.lock();
+        self.drain.lockers.fetch_sub(1, Ordering::AcqRel);
+        g
+    }
+
     /// What the planner needs, read from the shim's counters.
     pub(crate) fn observe(&self) -> Observed {
         let h = &self.hot;
@@ -726,30 +747,41 @@ impl Shim {
         }
         let mut before = now_ns();
         if plan.depth != from.depth || domains != from.domains {
-            let r =
-                if self.drain.enabled && traces_kernels(plan.depth) != traces_kernels(from.depth) {
-                    let (r, drained) = if self.drain.inline {
-                        let r = self.switch(api, c, plan.depth, domains, Some(&self.drain));
-                        (r, self.drain.inline_drained.load(Ordering::Relaxed))
-                    } else {
-                        self.drain.at_drained(|| {
-                            before = now_ns();
-                            self.switch(api, c, plan.depth, domains, None)
-                        })
-                    };
-                    let n = if drained {
-                        &self.counters.drained_switches
-                    } else {
-                        &self.counters.drain_timeouts
-                    };
-                    n.fetch_add(1, Ordering::Relaxed);
-                    r
+            // Only the flusher waits for a drained moment: a blocking entry point (tracing
+            // starting at cuInit, or again after a release) runs on a thread of the job, which
+            // would wait the whole time for a synchronising call it cannot make meanwhile (3 s
+            // in the fake-CUPTI test of the inline switch).
+            let on_flusher = crate::FLUSHER
+                .get()
+                .is_some_and(|t| t.id() == std::thread::current().id());
+            let r = if self.drain.enabled
+                && on_flusher
+                && traces_kernels(plan.depth) != traces_kernels(from.depth)
+            {
+                let (r, drained) = if self.drain.inline {
+                    let r = self.switch(api, c, plan.depth, domains, Some(&self.drain));
+                    (r, self.drain.inline_drained.load(Ordering::Relaxed))
                 } else {
-                    self.switch(api, c, plan.depth, domains, None)
+                    self.drain.at_drained(|| {
+                        before = now_ns();
+                        self.switch(api, c, plan.depth, domains, None)
+                    })
                 };
+                let n = if drained {
+                    &self.counters.drained_switches
+                } else {
+                    &self.counters.drain_timeouts
+                };
+                n.fetch_add(1, Ordering::Relaxed);
+                r
+            } else {
+                self.switch(api, c, plan.depth, domains, None)
+            };
             if let Err(e) = r {
                 // Retried at every tick: said the first few times only.
-                if self.counters.switch_errors.fetch_add(1, Ordering::Relaxed) < 3 {
+                if self.counters.switch_errors.fetch_add(1, Ordering::Relaxed) < 3
+                    && !crate::EXITING.load(Ordering::Relaxed)
+                {
                     say!("cannot switch to depth {}: {e}", plan.depth);
                 }
             }

@@ -57,8 +57,8 @@ pub enum ShimError {
     /// `SLO_PROBE_TOGGLE_AT_SYNC=inline`: no thread left a synchronising call within the wait,
     /// so kernel activity was left as it is.
     #[error(
-        "no drained moment (the exit of a synchronising call) within 3 s: kernel activity left as \
-         it is until one comes (SLO_PROBE_TOGGLE_AT_SYNC=inline)"
+        "no drained moment (the exit of a synchronising call) came in time: kernel activity left \
+         as it is until one comes (SLO_PROBE_TOGGLE_AT_SYNC=inline)"
     )]
     NotDrained,
     /// A CUPTI call failed.

@@ -1371,7 +1371,7 @@ extern "C" fn at_exit() {
         // Waits for a depth switch the background thread is in the middle of (it takes this
         // lock for each), so that no CUPTI call of that thread overlaps the flush below; the
         // thread makes none after seeing EXITING.
-        let _control = s.control.lock();
+        let _control = s.lock_control();
         if s.tracing() {
             if let Some(api) = &s.api {
                 // SAFETY: forced flush at exit, from the exiting thread, with the background
@@ -1514,7 +1514,7 @@ pub extern "C" fn slo_probe_op_pop() {
 pub extern "C" fn slo_probe_cupti_release() -> i32 {
     guard(-1, || {
         let s = shim();
-        let Ok(mut c) = s.control.lock() else {
+        let Ok(mut c) = s.lock_control() else {
             return -1;
         };
         match s.stop_tracing(&mut c) {
@@ -1535,7 +1535,7 @@ pub extern "C" fn slo_probe_cupti_reacquire() -> i32 {
         if s.tracing() {
             return 0;
         }
-        let Ok(mut c) = s.control.lock() else {
+        let Ok(mut c) = s.lock_control() else {
             return -1;
         };
         match s.start_tracing(&mut c, true) {

@@ -78,6 +78,7 @@ fn child_process() {
         Ok("sync") => 4,
         _ => 0,
     };
+    let t0 = std::time::Instant::now();
     for step in 0..STEPS {
         slo_probe_step_begin(step);
         for (domain, cbid, n) in [(2, 211, 20), (1, 307, 5), (2, 311, 1)] {
@@ -111,11 +112,13 @@ fn child_process() {
             _ => {}
         }
     }
+    let loop_ms = t0.elapsed().as_millis();
     std::thread::sleep(Duration::from_millis(200));
     slo_probe_flush();
     // SAFETY: the fake's NUL-terminated log.
     let calls = unsafe { std::ffi::CStr::from_ptr(log()) }.to_string_lossy();
     println!("FAKE:depth {}", slo_probe_depth());
+    println!("FAKE:loop_ms {loop_ms}");
     println!("FAKE:delivered {delivered}");
     println!("FAKE:captured {captured}");
     println!("FAKE:calls {calls}");
@@ -695,7 +698,12 @@ fn kernel_activity_switches_inside_synchronising_calls() {
         return;
     };
     let _ = drain_child(&mut child, &listener, |_, _| {});
-    let all = fake_line(&child_output(&mut child), "calls");
+    let out = child_output(&mut child);
+    // The job's steps (130 of 4 ms) never waited for the flusher: a release at step 110 once
+    // waited 3 s for the lock the flusher held while it waited for a drained moment.
+    let loop_ms: u64 = fake_line(&out, "loop_ms").parse().expect("loop_ms");
+    assert!(loop_ms < 3_000, "the steps took {loop_ms} ms");
+    let all = fake_line(&out, "calls");
     // Up to step 110's release (its forced flush, then everything off: CUPTI handed over from
     // the script's thread).
     let calls = &all[..all.find("flush forced;").expect("released")];
@@ -718,6 +726,34 @@ fn kernel_activity_switches_inside_synchronising_calls() {
     // Kernel activity never switched outside a synchronising call.
     assert_eq!(calls.matches("enable 10").count(), ons, "{calls}");
     assert_eq!(calls.matches("disable 10").count(), offs, "{calls}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `SLO_PROBE_TOGGLE_AT_SYNC=1` (the park): the release at step 110 does not wait for a flusher
+/// that waits, under the lock, for a thread to park.
+#[test]
+fn a_release_does_not_wait_for_a_drained_moment() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    let Some((dir, listener, mut child)) = spawn_child(
+        "park-sync",
+        "sync",
+        &[
+            ("SLO_PROBE_SAMPLE_EVERY", "30"),
+            ("SLO_PROBE_SAMPLE_STEPS", "3"),
+            ("SLO_PROBE_GRAPH_FLOOR", "0"),
+            ("SLO_PROBE_HOLD_AT_START", "0"),
+            ("SLO_PROBE_TOGGLE_AT_SYNC", "1"),
+        ],
+    ) else {
+        return;
+    };
+    let _ = drain_child(&mut child, &listener, |_, _| {});
+    let out = child_output(&mut child);
+    let loop_ms: u64 = fake_line(&out, "loop_ms").parse().expect("loop_ms");
+    assert!(loop_ms < 3_000, "the steps took {loop_ms} ms");
+    assert!(fake_line(&out, "calls").contains("enable 10;"), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
