@@ -642,6 +642,29 @@ fn cuda_graph_launches_pin_kernel_tracing() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Runs the child `variant` with sample windows every 30 steps (3 steps long, no graph floor)
+/// and `extra`: its output, once it exited; `None` where no C compiler builds the fake.
+fn windowed_child(name: &str, variant: &str, extra: &[(&str, &str)]) -> Option<String> {
+    let mut envs = vec![
+        ("SLO_PROBE_SAMPLE_EVERY", "30"),
+        ("SLO_PROBE_SAMPLE_STEPS", "3"),
+        ("SLO_PROBE_GRAPH_FLOOR", "0"),
+    ];
+    envs.extend_from_slice(extra);
+    let (dir, listener, mut child) = spawn_child(name, variant, &envs)?;
+    let _ = drain_child(&mut child, &listener, |_, _| {});
+    let out = child_output(&mut child);
+    let _ = std::fs::remove_dir_all(&dir);
+    Some(out)
+}
+
+/// The child's steps (130 of 4 ms) never waited for the flusher: a release at step 110 once
+/// waited 3 s for the lock the flusher held while it waited for a drained moment.
+fn assert_steps_did_not_wait(out: &str) {
+    let loop_ms: u64 = fake_line(out, "loop_ms").parse().expect("loop_ms");
+    assert!(loop_ms < 3_000, "the steps took {loop_ms} ms");
+}
+
 /// `SLO_PROBE_MEM_ACTIVITY=window`: memcpy and memset activity go on right after kernel
 /// activity and off right before it, never at the start.
 #[test]
@@ -649,20 +672,11 @@ fn memory_activity_can_follow_the_kernel_windows() {
     if std::env::var_os(CHILD).is_some() {
         return;
     }
-    let Some((dir, listener, mut child)) = spawn_child(
-        "mem-window",
-        "1",
-        &[
-            ("SLO_PROBE_SAMPLE_EVERY", "30"),
-            ("SLO_PROBE_SAMPLE_STEPS", "3"),
-            ("SLO_PROBE_GRAPH_FLOOR", "0"),
-            ("SLO_PROBE_MEM_ACTIVITY", "window"),
-        ],
-    ) else {
+    let Some(out) = windowed_child("mem-window", "1", &[("SLO_PROBE_MEM_ACTIVITY", "window")])
+    else {
         return;
     };
-    let _ = drain_child(&mut child, &listener, |_, _| {});
-    let calls = fake_line(&child_output(&mut child), "calls");
+    let calls = fake_line(&out, "calls");
     let start = calls.find("enable 51;").expect("GRAPH_TRACE enabled");
     let first_kernels = calls.find("enable 10;").expect("kernels on");
     assert!(!calls[..first_kernels].contains("enable 1;"), "{calls}");
@@ -671,7 +685,6 @@ fn memory_activity_can_follow_the_kernel_windows() {
     let offs = calls.matches("disable 1;disable 2;disable 10;").count();
     assert!(ons >= 3 && offs >= 3, "{ons} on, {offs} off: {calls}");
     assert_eq!(calls.matches("enable 10;").count(), ons, "{calls}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `SLO_PROBE_TOGGLE_AT_SYNC=inline`: kernel and memory activity are switched inside the exit
@@ -683,26 +696,15 @@ fn kernel_activity_switches_inside_synchronising_calls() {
     if std::env::var_os(CHILD).is_some() {
         return;
     }
-    let Some((dir, listener, mut child)) = spawn_child(
-        "inline-sync",
-        "sync",
-        &[
-            ("SLO_PROBE_SAMPLE_EVERY", "30"),
-            ("SLO_PROBE_SAMPLE_STEPS", "3"),
-            ("SLO_PROBE_GRAPH_FLOOR", "0"),
-            ("SLO_PROBE_HOLD_AT_START", "0"),
-            ("SLO_PROBE_MEM_ACTIVITY", "window"),
-            ("SLO_PROBE_TOGGLE_AT_SYNC", "inline"),
-        ],
-    ) else {
+    let extra = [
+        ("SLO_PROBE_HOLD_AT_START", "0"),
+        ("SLO_PROBE_MEM_ACTIVITY", "window"),
+        ("SLO_PROBE_TOGGLE_AT_SYNC", "inline"),
+    ];
+    let Some(out) = windowed_child("inline-sync", "sync", &extra) else {
         return;
     };
-    let _ = drain_child(&mut child, &listener, |_, _| {});
-    let out = child_output(&mut child);
-    // The job's steps (130 of 4 ms) never waited for the flusher: a release at step 110 once
-    // waited 3 s for the lock the flusher held while it waited for a drained moment.
-    let loop_ms: u64 = fake_line(&out, "loop_ms").parse().expect("loop_ms");
-    assert!(loop_ms < 3_000, "the steps took {loop_ms} ms");
+    assert_steps_did_not_wait(&out);
     let all = fake_line(&out, "calls");
     // Up to step 110's release (its forced flush, then everything off: CUPTI handed over from
     // the script's thread).
@@ -712,21 +714,12 @@ fn kernel_activity_switches_inside_synchronising_calls() {
     let offs = calls.matches("disable 10 in cb;").count();
     assert!(ons >= 2 && offs >= 2, "{ons} on, {offs} off: {calls}");
     for kind in [1, 2] {
-        assert_eq!(
-            calls.matches(&format!("enable {kind} in cb;")).count(),
-            ons,
-            "{calls}"
-        );
-        assert_eq!(
-            calls.matches(&format!("disable {kind} in cb;")).count(),
-            offs,
-            "{calls}"
-        );
+        let n = |what: &str| calls.matches(&format!("{what} {kind} in cb;")).count();
+        assert_eq!((n("enable"), n("disable")), (ons, offs), "{calls}");
     }
     // Kernel activity never switched outside a synchronising call.
     assert_eq!(calls.matches("enable 10").count(), ons, "{calls}");
     assert_eq!(calls.matches("disable 10").count(), offs, "{calls}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `SLO_PROBE_TOGGLE_AT_SYNC=1` (the park): the release at step 110 does not wait for a flusher
@@ -736,25 +729,15 @@ fn a_release_does_not_wait_for_a_drained_moment() {
     if std::env::var_os(CHILD).is_some() {
         return;
     }
-    let Some((dir, listener, mut child)) = spawn_child(
-        "park-sync",
-        "sync",
-        &[
-            ("SLO_PROBE_SAMPLE_EVERY", "30"),
-            ("SLO_PROBE_SAMPLE_STEPS", "3"),
-            ("SLO_PROBE_GRAPH_FLOOR", "0"),
-            ("SLO_PROBE_HOLD_AT_START", "0"),
-            ("SLO_PROBE_TOGGLE_AT_SYNC", "1"),
-        ],
-    ) else {
+    let extra = [
+        ("SLO_PROBE_HOLD_AT_START", "0"),
+        ("SLO_PROBE_TOGGLE_AT_SYNC", "1"),
+    ];
+    let Some(out) = windowed_child("park-sync", "sync", &extra) else {
         return;
     };
-    let _ = drain_child(&mut child, &listener, |_, _| {});
-    let out = child_output(&mut child);
-    let loop_ms: u64 = fake_line(&out, "loop_ms").parse().expect("loop_ms");
-    assert!(loop_ms < 3_000, "the steps took {loop_ms} ms");
+    assert_steps_did_not_wait(&out);
     assert!(fake_line(&out, "calls").contains("enable 10;"), "{out}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `SLO_PROBE_CAPTURE_LAUNCH=0`: the same graph job's nodes carry no launch configuration.
