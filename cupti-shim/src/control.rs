@@ -177,7 +177,8 @@ impl Drain {
     }
 
     /// Waits for a thread at a drained moment to switch: its result, or `None` after
-    /// [`DRAIN_WAIT`] (the switch is then no longer wanted: the caller does it).
+    /// [`DRAIN_WAIT`], at the process's exit, or when a thread of the job waits for the depth
+    /// lock (the switch is then no longer wanted, and nothing is switched).
     fn inline_wait(&self, on: bool) -> Option<Result<(), ShimError>> {
         let want = if on { INLINE_WANT_ON } else { INLINE_WANT_OFF };
         self.inline_state.store(want, Ordering::Release);
@@ -465,7 +466,7 @@ unsafe fn switch_cupti(
     inline: Option<&Drain>,
 ) -> Result<(), ShimError> {
     // Kernel activity and the kinds switched with it: here, or at a drained moment by the
-    // thread that found it (`inline`, whose disable needs no flush first: nothing is in flight).
+    // thread that found it (`inline`; its disable is flushed after as well).
     let toggle = |on: bool| match inline {
         // SAFETY: per the caller.
         None => unsafe { kernel_activity(api, on, with_kernels) },
