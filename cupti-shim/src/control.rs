@@ -136,7 +136,7 @@ impl Drain {
                 inline: true,
                 ..Self::new(true)
             },
-            Some(v) if v == "1" || v.eq_ignore_ascii_case("true") => Self::new(true),
+            Some(v) if crate::flag_on(v) => Self::new(true),
             _ => Self::new(false),
         }
     }
@@ -157,12 +157,12 @@ impl Drain {
     }
 
     /// Has the next thread to leave a synchronising call switch kernel activity on or off
-    /// ([`Drain::take_inline`]). Returns its result and whether a drained moment came; without
-    /// one in [`DRAIN_WAIT`], nothing is switched ([`ShimError::NotDrained`]: the flusher tries
+    /// ([`Drain::take_inline`]). Returns its result; without a drained moment in
+    /// [`DRAIN_WAIT`], nothing is switched ([`ShimError::NotDrained`]: the flusher tries
     /// again at its next tick), because switching under the queue is what corrupts the
     /// correlation ids (H100, 2026-12-06, call 10: 28% of the kernel records). The caller waits
     /// (the flusher), never the job.
-    fn inline_switch(&self, on: bool) -> (Result<(), ShimError>, bool) {
+    fn inline_switch(&self, on: bool) -> Result<(), ShimError> {
         let t0 = now_ns();
         let waited = self.inline_wait(on);
         // The wait is not the switch's cost, drained moment or not (the job's thread paid for
@@ -171,9 +171,9 @@ impl Drain {
         // windows in 139 s of the suite's eager GPT).
         self.inline_wait_ns
             .fetch_add(now_ns().saturating_sub(t0), Ordering::Relaxed);
-        let drained = waited.is_some();
-        self.inline_drained.store(drained, Ordering::Relaxed);
-        (waited.unwrap_or(Err(ShimError::NotDrained)), drained)
+        self.inline_drained
+            .store(waited.is_some(), Ordering::Relaxed);
+        waited.unwrap_or(Err(ShimError::NotDrained))
     }
 
     /// Waits for a thread at a drained moment to switch: its result, or `None` after
@@ -470,7 +470,7 @@ unsafe fn switch_cupti(
     let toggle = |on: bool| match inline {
         // SAFETY: per the caller.
         None => unsafe { kernel_activity(api, on, with_kernels) },
-        Some(d) => d.inline_switch(on).0,
+        Some(d) => d.inline_switch(on),
     };
     let want_kernels = depth >= DEPTH_KERNELS;
     let want_domains = if want_kernels && !sub.is_null() {
@@ -524,10 +524,13 @@ unsafe fn switch_cupti(
 
 impl Shim {
     /// The depth state, for a thread of the job (a blocking entry point: release, reacquire, the
-    /// exit): a flusher waiting under the lock for a drained moment gives up at once
+    /// exit): with a drain mode on, a flusher waiting under the lock for a drained moment gives up at once
     /// ([`Drain::inline_wait`]), since the thread it waits for may be this one (the fake-CUPTI
     /// test's release waited the whole 3 s).
     pub(crate) fn lock_control(&self) -> std::sync::LockResult<std::sync::MutexGuard<'_, Control>> {
+        if !self.drain.enabled {
+            return self.control.lock();
+        }
         self.drain.lockers.fetch_add(1, Ordering::AcqRel);
         // A flusher waiting for a thread to park wakes and gives up (the state's lock, taken
         // for a moment, orders this after its look at `lockers` or before its wait).

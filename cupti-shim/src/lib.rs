@@ -456,7 +456,12 @@ fn current_op() -> u32 {
 }
 
 fn env_flag(name: &str) -> bool {
-    std::env::var(name).is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+    std::env::var(name).is_ok_and(|v| flag_on(&v))
+}
+
+/// A switch's value that turns it on: `1` or `true`.
+pub(crate) fn flag_on(v: &str) -> bool {
+    v == "1" || v.eq_ignore_ascii_case("true")
 }
 
 macro_rules! say {

@@ -11,6 +11,8 @@ One line per file: kernel records, repeats, and per burst "records/repeats".
 """
 import struct, sys
 
+from arrival import records  # scripts/faults/arrival.py: the recording's records
+
 args = sys.argv[1:]
 gap_ms = 300.0
 if args[:1] == ["--gap-ms"]:
@@ -18,15 +20,11 @@ if args[:1] == ["--gap-ms"]:
 if not args:
     sys.exit(__doc__)
 for f in args:
-    data = open(f, "rb").read(); off = 0; ks = []
-    while off + 8 <= len(data):
-        kind, _ver, ln = struct.unpack_from("<HHI", data, off)
-        if ln < 8 or off + ln > len(data):
-            break
+    ks = []
+    for kind, rec in records(open(f, "rb").read()):
         if kind == 0x0200:  # GpuKernel: start, end, launch, graph node, correlation id
-            start, _end, _launch, _node, corr = struct.unpack_from("<QQQQI", data, off + 8)
+            start, _end, _launch, _node, corr = struct.unpack_from("<QQQQI", rec, 8)
             ks.append((start, corr))
-        off += ln
     # The file's order (as records arrived) is what CUPTI handed over; repeats are counted in it.
     repeats = sum(1 for a, b in zip(ks, ks[1:]) if a[1] == b[1])
     bursts = []
