@@ -83,14 +83,21 @@ enum DrainState {
     Done,
 }
 
-/// Switching kernel activity only while the GPU has no work queued (`SLO_PROBE_TOGGLE_AT_SYNC=1`,
-/// an experiment; off by default). CUDA 13.0's CUPTI strands the kernel records of work in
+/// Switching kernel activity only while the GPU has no work queued. By default (unset or
+/// `SLO_PROBE_TOGGLE_AT_SYNC=auto`) inline, and only once the planner has seen a deep queue
+/// ([`crate::depth::Planner::drains`]), memory activity switched with it from then on: on an
+/// H100 (2026-12-06, second session, `bench/results/faults-2026-12-06-h100-b`) the suite's two
+/// GPU-bound eager jobs with their faults delivered every record live with no repeated
+/// correlation id and their faults named 7 of 7, where the hold it replaces costs the GPU-bound
+/// GPT about 1%. `0` keeps the hold; `inline` switches so always, `1` parks (experiments).
+///
+/// The park (`SLO_PROBE_TOGGLE_AT_SYNC=1`, an experiment). CUDA 13.0's CUPTI strands the kernel records of work in
 /// flight when `CONCURRENT_KERNEL` is switched under a deep queue (bench/results/faults-h200.md,
 /// seventh session), which is why the planner holds kernel tracing on for GPU-bound jobs. Here
 /// the flusher asks for a drained moment instead: the next thread to leave a synchronising call
 /// parks there (at most [`PARKED_WAIT`]) while the flusher switches, then goes on.
 ///
-/// With `SLO_PROBE_TOGGLE_AT_SYNC=inline` (an experiment) nothing parks: the thread leaving the
+/// Inline (the default once deep, or always with `SLO_PROBE_TOGGLE_AT_SYNC=inline`) nothing parks: the thread leaving the
 /// synchronising call switches kernel activity (and the kinds switched with it) itself, in the
 /// call's exit callback, and goes on; the flusher flushes afterwards. Without a drained moment
 /// nothing is switched. Parking kept the eager GPT's correlation ids right on an H100
@@ -101,6 +108,9 @@ pub(crate) struct Drain {
     pub(crate) enabled: bool,
     /// Switch in the synchronising call's exit callback instead of parking there.
     pub(crate) inline: bool,
+    /// Only once the planner saw a deep queue ([`crate::depth::Planner::drains`]; the
+    /// default); before, and without one, kernel activity is switched where the plan says.
+    pub(crate) deep_only: bool,
     wanted: std::sync::atomic::AtomicBool,
     state: std::sync::Mutex<DrainState>,
     cv: std::sync::Condvar,
@@ -129,9 +139,16 @@ const INLINE_DONE: u8 = 4;
 const INLINE_FAILED: u8 = 5;
 
 impl Drain {
-    /// From `SLO_PROBE_TOGGLE_AT_SYNC`: `1` or `true` park, `inline`, anything else off.
+    /// From `SLO_PROBE_TOGGLE_AT_SYNC`: unset or `auto` (the default) inline once the queue is
+    /// deep; `inline` inline always; `1` or `true` park always; anything else (`0`) off, which
+    /// keeps the hold under a deep queue.
     pub(crate) fn from_env(v: Option<&str>) -> Self {
         match v {
+            None | Some("auto") => Self {
+                inline: true,
+                deep_only: true,
+                ..Self::new(true)
+            },
             Some("inline") => Self {
                 inline: true,
                 ..Self::new(true)
@@ -141,10 +158,16 @@ impl Drain {
         }
     }
 
+    /// Whether kernel activity is switched at drained moments now.
+    pub(crate) fn active(&self, deep: bool) -> bool {
+        self.enabled && (deep || !self.deep_only)
+    }
+
     pub(crate) fn new(enabled: bool) -> Self {
         Self {
             enabled,
             inline: false,
+            deep_only: false,
             wanted: std::sync::atomic::AtomicBool::new(false),
             state: std::sync::Mutex::new(DrainState::Idle),
             cv: std::sync::Condvar::new(),
@@ -285,7 +308,7 @@ pub(crate) fn sync_callback(s: &Shim, data: *const c_void) {
         return; // the entry site
     }
     let Some(api) = s.api.as_ref() else { return };
-    let with_kernels = s.mem_activity.with_kernels();
+    let with_kernels = s.kinds_with_kernels();
     let t0 = now_ns();
     // SAFETY: CUPTI activity calls from an API callback's exit (the experiment measures
     // whether CUPTI takes them there).
@@ -574,7 +597,7 @@ impl Shim {
         let waited0 = self.drain.inline_wait_ns.load(Ordering::Relaxed);
         let sub = self.subscriber.load(Ordering::Acquire);
         let had_kernels = traces_kernels(c.applied.depth);
-        let with_kernels = self.mem_activity.with_kernels();
+        let with_kernels = self.kinds_with_kernels();
         // SAFETY: `sub` is the shim's subscriber (or null in activity-only mode).
         let r = unsafe {
             switch_cupti(
@@ -697,6 +720,7 @@ impl Shim {
     pub(crate) fn apply_plan(&self, api: &Cupti, c: &mut Control, o: &Observed) -> Option<u64> {
         let was_held = c.planner.held();
         let was_pinned = c.planner.pinned();
+        let was_draining = c.planner.drains();
         let was_refused = c.planner.nodes_refused();
         let plan = c.planner.plan(o);
         // Said before the agent asks (see `Config::graph_nodes`).
@@ -710,7 +734,22 @@ impl Shim {
             );
         }
         let lag_ms = o.gpu_lag_ns as f64 / 1e6;
-        let change = if c.planner.pinned() != was_pinned {
+        if c.planner.drains() && !was_draining {
+            self.drains_now.store(true, Ordering::Release);
+            say!(
+                "the GPU runs {lag_ms:.1} ms behind its launches: kernel{} activity is switched \
+                 only at the exit of synchronising calls from now on, where the queue has \
+                 drained (SLO_PROBE_TOGGLE_AT_SYNC=0 holds kernel tracing on instead)",
+                if self.mem_activity == crate::MemActivity::On {
+                    " and memory"
+                } else {
+                    ""
+                }
+            );
+        }
+        let change = if c.planner.drains() && !was_draining {
+            None
+        } else if c.planner.pinned() != was_pinned {
             Some(if was_pinned {
                 format!(
                     "kernel tracing duty-cycled again under CUDA graphs: kept on, it costs more \
@@ -758,7 +797,7 @@ impl Shim {
             let on_flusher = crate::FLUSHER
                 .get()
                 .is_some_and(|t| t.id() == std::thread::current().id());
-            let r = if self.drain.enabled
+            let r = if self.drain.active(c.planner.drains())
                 && on_flusher
                 && traces_kernels(plan.depth) != traces_kernels(from.depth)
             {
@@ -1107,9 +1146,12 @@ mod tests {
         assert!(!d.waiting());
         assert!(!d.at_sync_exit(|_| panic!("not wanted")));
         assert!(!Drain::from_env(Some("0")).enabled);
-        assert!(!Drain::from_env(None).enabled);
+        let auto = Drain::from_env(None);
+        assert!(auto.enabled && auto.inline && auto.deep_only);
+        assert!(!auto.active(false) && auto.active(true));
+        assert!(Drain::from_env(Some("inline")).active(false));
         let park = Drain::from_env(Some("1"));
-        assert!(park.enabled && !park.inline);
+        assert!(park.enabled && !park.inline && park.active(false));
     }
 
     /// 0 → 1 → 2 → 0 makes exactly the calls the design says, in order.

@@ -138,6 +138,10 @@ pub struct Config {
     /// captured a new graph, in 2 of 2 runs. A node-level base depth (`SLO_PROBE_DEPTH=2`)
     /// never switches, and is kept.
     pub graph_nodes: bool,
+    /// Where the hold would keep kernel tracing on (a deep queue), switch it at drained moments
+    /// instead, from then on (the exit of a synchronising call, [`Planner::drains`]); set by
+    /// the shim from `SLO_PROBE_TOGGLE_AT_SYNC` (default on; `0` keeps the hold).
+    pub drain_deep: bool,
 }
 
 impl Default for Config {
@@ -159,6 +163,7 @@ impl Default for Config {
             hold_at_start: true,
             graph_floor: true,
             graph_nodes: false,
+            drain_deep: false,
         }
     }
 }
@@ -335,6 +340,10 @@ pub const UNHOLD_AFTER_NS: u64 = 5 * SEC;
 /// [`Config::first_window_step`] steps, or this long after tracing started without them.
 pub const OPENING_HOLD_MAX_NS: u64 = 60 * SEC;
 
+/// How long an agent's request for kernels outlives its lowering once kernel tracing switches
+/// at drained moments ([`Planner::drains`]).
+pub const DEEP_LINGER_NS: u64 = 10 * SEC;
+
 /// How often a hold's cost is judged.
 pub const HOLD_COST_EVERY_NS: u64 = 2 * SEC;
 /// See [`Config::hold_max_share`].
@@ -367,6 +376,12 @@ pub const NO_RECORDS_NS: u64 = 30 * SEC;
 /// off again), and a hold that brings no record back for [`NO_RECORDS_NS`] ends. Under CUDA
 /// graphs the graph-launch records (traced at every depth) count as records back, and their
 /// launch-to-end time as the lag: a graph job's queue is known before any window.
+///
+/// With [`Config::drain_deep`] (the shim's default) the hold gives way once the queue is known
+/// deep (records back under it, the lag over the threshold, the job's first steps marked; or a
+/// window that measured it): windows go on, and the shim switches them only at drained moments
+/// ([`Planner::drains`], `control::Drain`). A lowering asked by the agent then lingers
+/// [`DEEP_LINGER_NS`], since the next raise can come only at the next drained moment.
 ///
 /// Under CUDA graphs kernel tracing is *pinned* on from the process's first graph launch
 /// ([`Config::graph_floor`]). Measured on an H100 (GPT of the fault suite under
@@ -409,6 +424,9 @@ pub struct Planner {
     /// A request for node-level tracing got kernel level because the process launches CUDA
     /// graphs ([`Config::graph_nodes`]).
     nodes_refused: bool,
+    /// A deep queue was seen with [`Config::drain_deep`]: kernel tracing is switched at drained
+    /// moments from now on, and never held.
+    deep: bool,
 }
 
 /// Kernel tracing held on: since when the lag has stayed low, and where its cost is measured
@@ -446,6 +464,7 @@ impl Planner {
             pinned: None,
             pin_refused: false,
             nodes_refused: false,
+            deep: false,
         };
         if p.cfg.hold_at_start && p.sampling() && p.hold_threshold().is_some() {
             let start = Observed {
@@ -465,6 +484,12 @@ impl Planner {
     /// Whether kernel tracing is held on because the GPU runs far behind the launches.
     pub fn held(&self) -> bool {
         self.held.is_some()
+    }
+
+    /// Whether kernel tracing is switched only at drained moments: a deep queue was seen and
+    /// [`Config::drain_deep`] is on (the shim switches memory activity with it then).
+    pub fn drains(&self) -> bool {
+        self.deep
     }
 
     /// Whether kernel tracing is pinned on because the process launches CUDA graphs.
@@ -531,7 +556,21 @@ impl Planner {
             Request { depth, until }
         });
         match who {
-            Reason::Agent => self.agent = req,
+            // Switched only at drained moments, a lowering may come a sync interval later and
+            // the next raise another one after: the agent's last request lingers
+            // (the suite's convnet, H100 2026-12-06: lowered just before a fault and raised
+            // again only after it ended, 6 s later).
+            Reason::Agent => {
+                self.agent = match (req, self.agent) {
+                    (None, Some(prev)) if self.deep && prev.depth >= DEPTH_KERNELS => {
+                        Some(Request {
+                            depth: prev.depth,
+                            until: Until::Ns(o.now_ns + DEEP_LINGER_NS),
+                        })
+                    }
+                    _ => req,
+                }
+            }
             _ => self.script = req,
         }
     }
@@ -682,7 +721,16 @@ impl Planner {
             || o.steps >= self.cfg.first_window_step.max(1)
             || o.now_ns >= h.from.now_ns + OPENING_HOLD_MAX_NS;
         let shallow = settled && h.low_since.is_some_and(|t| o.now_ns >= t + UNHOLD_AFTER_NS);
-        if costly || barren || shallow {
+        // A deep queue known (records back, the lag over the threshold): with `drain_deep`
+        // windows go on, switched at drained moments, instead of the hold.
+        let deep = self.cfg.drain_deep
+            && settled
+            && back
+            && self.hold_threshold().is_some_and(|t| o.gpu_lag_ns >= t);
+        if deep {
+            self.deep = true;
+        }
+        if costly || barren || shallow || deep {
             self.held = None;
             self.resume_windows(o);
             if h.opening {
@@ -806,11 +854,18 @@ impl Planner {
                     && o.kernel_launches > w.at.kernel_launches
                     && w.launched_at.is_some_and(|t| o.now_ns >= t + MAX_DRAIN_NS);
                 let deep = o.now_ns >= self.no_hold_until
+                    && !self.deep
                     && threshold.is_some_and(|t| (arrived && o.gpu_lag_ns >= t) || stuck);
                 if requested > DEPTH_TIMING {
                     // A request took over: this window measures nothing.
                     self.window = None;
                     self.schedule_next(o, Some(&w.at));
+                } else if launched && measured && deep && self.cfg.drain_deep {
+                    // Switched at drained moments from now on: the window closes as any.
+                    self.deep = true;
+                    if done {
+                        self.close_window(w, o);
+                    }
                 } else if launched && measured && deep {
                     // A deep queue: switching kernel activity off would strand records.
                     self.window = None;
@@ -1238,6 +1293,75 @@ mod tests {
             "released after {waited} ns"
         );
         assert!(changes.len() > 4, "windows resumed: {changes:?}");
+    }
+
+    /// The same job with `drain_deep` (the shim's default): the deep queue is seen in the
+    /// opening hold (after the first steps), and instead of holding, windows go on (the shim
+    /// switches them at drained moments); from a window as well. A lowering by the agent
+    /// lingers DEEP_LINGER_NS once so (a raise is as soon as asked).
+    #[test]
+    fn a_deep_queue_with_drain_deep_goes_on_with_windows() {
+        for cfg in [Config::default(), windows_first()] {
+            let cfg = Config {
+                drain_deep: true,
+                ..cfg
+            };
+            let mut job = Job::new(30 * MS, 190);
+            job.o.gpu_lag_ns = 150 * MS;
+            let mut p = Planner::new(cfg.clone(), job.o.now_ns);
+            let changes = run(&mut job, &mut p, 2_000);
+            assert!(p.drains(), "{cfg:?}");
+            assert!(!p.held());
+            assert!(changes.len() > 4, "windows: {changes:?}");
+            assert!(job.sampled < 1_000, "{} of 2000 steps traced", job.sampled);
+        }
+        let cfg = Config {
+            drain_deep: true,
+            ..Config::default()
+        };
+        let mut job = Job::new(30 * MS, 190);
+        job.o.gpu_lag_ns = 150 * MS;
+        let mut p = Planner::new(cfg, job.o.now_ns);
+        run(&mut job, &mut p, 2_000);
+        p.request(
+            Reason::Agent,
+            DEPTH_KERNELS,
+            DepthDuration::Tenths(30),
+            &job.o,
+        );
+        assert_eq!(p.plan(&job.o).depth, DEPTH_KERNELS);
+        p.request(
+            Reason::Agent,
+            DEPTH_TIMING,
+            DepthDuration::UntilNext,
+            &job.o,
+        );
+        assert_eq!(p.plan(&job.o).depth, DEPTH_KERNELS, "lingers");
+        job.o.now_ns += DEEP_LINGER_NS;
+        assert_eq!(
+            p.plan(&job.o).depth,
+            DEPTH_TIMING,
+            "lingered DEEP_LINGER_NS"
+        );
+        // Without drained switching, a lowering is at once.
+        let mut job = Job::new(30 * MS, 190);
+        let mut p = Planner::new(Config::default(), job.o.now_ns);
+        run(&mut job, &mut p, 2_000);
+        p.request(
+            Reason::Agent,
+            DEPTH_KERNELS,
+            DepthDuration::Tenths(30),
+            &job.o,
+        );
+        p.request(
+            Reason::Agent,
+            DEPTH_TIMING,
+            DepthDuration::UntilNext,
+            &job.o,
+        );
+        assert!(!p.drains());
+        let plan = p.plan(&job.o);
+        assert!(plan.depth == DEPTH_TIMING || p.window.is_some(), "{plan:?}");
     }
 
     /// A hold that would cost more than `hold_max_share` (400 launches per 8 ms step with a deep

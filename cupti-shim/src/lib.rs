@@ -15,7 +15,10 @@
 //!   tracing is held on, since switching it on or off under a deep queue stranded every
 //!   kernel record in CUPTI on the H200; the hold starts with tracing and ends once the queue
 //!   is known to be shallow or the hold costly (`depth::Planner`, `SLO_PROBE_HOLD_LAG_MS`,
-//!   `SLO_PROBE_HOLD_AT_START`). Once the process launches a CUDA graph, kernel tracing is kept
+//!   `SLO_PROBE_HOLD_AT_START`). By default the hold gives way once the queue is known deep:
+//!   windows go on, with kernel and memory activity switched only at the exit of a
+//!   synchronising call, where the queue has drained, by the thread leaving it
+//!   (`control::Drain`; `SLO_PROBE_TOGGLE_AT_SYNC=0` keeps the hold). Once the process launches a CUDA graph, kernel tracing is kept
 //!   on (switching it with memory activity on stranded every record under graphs on an H100;
 //!   `SLO_PROBE_GRAPH_FLOOR`).
 //! - depth 1, *kernels*: `CONCURRENT_KERNEL` and kernel-launch callbacks (launch time, operator
@@ -315,6 +318,9 @@ struct Shim {
     counters: Counters,
     /// Kernel activity switched only where the GPU has drained (see [`control::Drain`]).
     pub(crate) drain: control::Drain,
+    /// The planner switches kernel activity at drained moments (`depth::Planner::drains`):
+    /// memory activity goes with it then.
+    pub(crate) drains_now: AtomicBool,
     log: bool,
 }
 
@@ -545,6 +551,9 @@ fn shim() -> &'static Shim {
             say!("{k}={v} is not valid; using the default");
         }
         let mem_activity = MemActivity::from_env();
+        let drain =
+            control::Drain::from_env(std::env::var("SLO_PROBE_TOGGLE_AT_SYNC").ok().as_deref());
+        cfg.drain_deep = drain.enabled && drain.deep_only;
         // Without memory activity, switching kernel activity under CUDA graphs delivered every
         // record (see `depth::Planner`): no pin needed.
         cfg.graph_floor &= mem_activity != MemActivity::Off;
@@ -592,9 +601,8 @@ fn shim() -> &'static Shim {
             mem_activity,
             buffers_cfg: BufferCfg::from_env(),
             counters: Counters::default(),
-            drain: control::Drain::from_env(
-                std::env::var("SLO_PROBE_TOGGLE_AT_SYNC").ok().as_deref(),
-            ),
+            drain,
+            drains_now: AtomicBool::new(false),
             log,
         };
         if let Some(t) = &s.transport {
@@ -616,6 +624,17 @@ fn shim() -> &'static Shim {
 }
 
 impl Shim {
+    /// The activity kinds switched on and off with kernel activity: memory activity's where
+    /// `SLO_PROBE_MEM_ACTIVITY=window`, or once kernel activity is switched at drained moments
+    /// (on since the start until then, and switched with it from a moment it is on as well).
+    pub(crate) fn kinds_with_kernels(&self) -> &'static [u32] {
+        if self.mem_activity == MemActivity::On && self.drains_now.load(Ordering::Acquire) {
+            MemActivity::WithKernels.with_kernels()
+        } else {
+            self.mem_activity.with_kernels()
+        }
+    }
+
     fn set_status(&self, bit: u64, on: bool) {
         let v = if on {
             self.status.fetch_or(bit, Ordering::Relaxed) | bit
