@@ -381,7 +381,10 @@ pub const NO_RECORDS_NS: u64 = 30 * SEC;
 /// deep (records back under it, the lag over the threshold, the job's first steps marked; or a
 /// window that measured it): windows go on, and the shim switches them only at drained moments
 /// ([`Planner::drains`], `control::Drain`). A lowering asked by the agent then lingers
-/// [`DEEP_LINGER_NS`], since the next raise can come only at the next drained moment.
+/// [`DEEP_LINGER_NS`], since the next raise can come only at the next drained moment. Only a
+/// job that marks its steps: without markers the kernels are its iteration clock (the agent
+/// detects iterations from them), so a marker-less job keeps the hold (on an H100, the suite's
+/// GPU-bound eager jobs replayed without their markers found 85% of their steps).
 ///
 /// Under CUDA graphs kernel tracing is *pinned* on from the process's first graph launch
 /// ([`Config::graph_floor`]). Measured on an H100 (GPT of the fault suite under
@@ -725,6 +728,7 @@ impl Planner {
         // windows go on, switched at drained moments, instead of the hold.
         let deep = self.cfg.drain_deep
             && settled
+            && !self.millis
             && back
             && self.hold_threshold().is_some_and(|t| o.gpu_lag_ns >= t);
         if deep {
@@ -860,7 +864,7 @@ impl Planner {
                     // A request took over: this window measures nothing.
                     self.window = None;
                     self.schedule_next(o, Some(&w.at));
-                } else if launched && measured && deep && self.cfg.drain_deep {
+                } else if launched && measured && deep && self.cfg.drain_deep && !self.millis {
                     // Switched at drained moments from now on: the window closes as any.
                     self.deep = true;
                     if done {
@@ -1343,6 +1347,28 @@ mod tests {
             DEPTH_TIMING,
             "lingered DEEP_LINGER_NS"
         );
+        // Without step markers (the kernels are the iteration clock), the hold stays.
+        let mut o = Observed {
+            now_ns: SEC,
+            gpu_lag_ns: 150 * MS,
+            ..Default::default()
+        };
+        let mut p = Planner::new(
+            Config {
+                drain_deep: true,
+                ..Config::default()
+            },
+            o.now_ns,
+        );
+        for _ in 0..400 {
+            let depth = p.plan(&o).depth;
+            o.now_ns += 200 * MS;
+            o.kernel_launches += 1_000;
+            if depth >= DEPTH_KERNELS {
+                o.kernel_records += 1_000;
+            }
+        }
+        assert!(p.held() && !p.drains(), "80 s without markers");
         // Without drained switching, a lowering is at once.
         let mut job = Job::new(30 * MS, 190);
         let mut p = Planner::new(Config::default(), job.o.now_ns);
