@@ -6,8 +6,10 @@ scripts/faults/replay-all and summary.py key the replays by that name, so a seco
 the same jobs would overwrite the first one's replays. This rewrites every fixture's number
 (``A-01-…`` → ``A-21-…`` with ``--first 21``) in its folder name and in answer.json,
 answers.json and index.json, renames the archive's top folder, and records where it was made
-(``--recorded-on``, kept in each answer's ``fixture.recorded_on``). The recordings themselves are
-not touched.
+(``--recorded-on``, kept in each answer's ``fixture.recorded_on``). ``--markers-only REASON`` keeps
+REASON in each answer's ``fixture.markers_only``: the recording stands only for a job that marks its
+steps (made with a shim that traces such jobs otherwise than it would a job without markers), so the
+replays without markers (``--detect``) leave it out. The recordings themselves are not touched.
 
   python3 scripts/faults/renumber.py IN.tar.gz OUT.tar.gz --first 21 --top faults-A-ro-h100 \\
       --recorded-on "NVIDIA H100 80GB HBM3, 2026-12-06"
@@ -52,6 +54,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--first", type=int, required=True, help="the number the lowest-numbered fixture gets")
     p.add_argument("--top", required=True, help="the archive's new top folder (e.g. faults-A-ro-h100)")
     p.add_argument("--recorded-on", default="", help="the machine, kept in each answer's fixture.recorded_on")
+    p.add_argument("--markers-only", default="", help="why the recordings stand only for jobs with step markers "
+                   "(kept in each answer's fixture.markers_only; the replays without markers leave them out)")
     a = p.parse_args(argv)
     if os.path.exists(a.output):
         print(f"renumber: {a.output} exists; not overwritten", file=sys.stderr)
@@ -81,6 +85,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     v = rewrite_names(json.load(f), mapping)
                 if a.recorded_on:
                     v.setdefault("fixture", {})["recorded_on"] = a.recorded_on
+                if a.markers_only:
+                    v.setdefault("fixture", {})["markers_only"] = a.markers_only
                 with open(ans, "w") as f:
                     json.dump(v, f, indent=1)
         for meta in ("answers.json", "index.json"):
@@ -88,10 +94,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             if os.path.exists(path):
                 with open(path) as f:
                     v = rewrite_names(json.load(f), mapping)
-                if a.recorded_on and meta == "answers.json" and isinstance(v, list):
+                if meta == "answers.json" and isinstance(v, list):
                     for ans in v:
                         if isinstance(ans, dict) and isinstance(ans.get("fixture"), dict):
-                            ans["fixture"]["recorded_on"] = a.recorded_on
+                            if a.recorded_on:
+                                ans["fixture"]["recorded_on"] = a.recorded_on
+                            if a.markers_only:
+                                ans["fixture"]["markers_only"] = a.markers_only
                 with open(path, "w") as f:
                     json.dump(v, f, indent=1)
         new_root = os.path.join(tmp, a.top)

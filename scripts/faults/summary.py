@@ -244,7 +244,12 @@ def collect(roots: List[str], replay_dir: Optional[str], tmp: str) -> List[Dict[
         row: Dict[str, Any] = {"name": name, "answer": ans, "results": {}, "problems": []}
         if (ans.get("fixture") or {}).get("dropped"):
             row["problems"].append("dropped: " + str(ans["fixture"]["dropped"]))
+        markers_only = (ans.get("fixture") or {}).get("markers_only")
         for variant, path in find_replays(name, d, replay_dir).items():
+            if variant == "detect" and markers_only:
+                # Stands only for a job that marks its steps (renumber.py --markers-only).
+                row.setdefault("skipped", []).append("detect")
+                continue
             rep = load_json(path)
             if isinstance(rep, dict) and "_error" in rep:
                 row["problems"].append(rep["_error"])
@@ -342,6 +347,10 @@ def report(rows: List[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
                 f"of those whose steps kept their pace {pct(b['paced_healthy_without_violations'])}); "
                 f"healthy fixtures on which the shadow healer took no action {pct(b['healthy_without_shadow_actions'])} (bar 100%); "
                 f"iterations within 1% of the true steps {pct(b['iterations_within_1pct'])}; largest iteration utilisation {b['max_util_pct']}% (bar 100%)", ""]
+        left_out = [r["name"] for r in rows if variant in r.get("skipped", [])]
+        if left_out:
+            out += [f"Left out ({title}): {len(left_out)} fixtures that stand only for jobs with step markers "
+                    f"(their answers' fixture.markers_only): {', '.join(left_out)}", ""]
         if hv:
             acts = dict(sh)
             out += [f"Healthy ({title}): " + ", ".join(
