@@ -105,6 +105,15 @@ fn sums_up(violations: &[Violation], onset: u64, end: u64) -> bool {
         .is_some_and(|x| (0.75..=1.25).contains(&x))
 }
 
+/// Whether the judged violation named its cause within 10 s of the fault's onset (issue 13's
+/// bar for attribution), and not before it opened.
+fn attributed_in_time(violations: &[Violation], onset: u64, end: u64) -> bool {
+    judged_violation(violations, onset, end).is_some_and(|v| {
+        v.attributed_ns
+            .is_some_and(|t| t >= v.opened_ns && t <= onset + 10_000_000_000)
+    })
+}
+
 /// Whether a violation's top cause is the operator the answer expects (exactly).
 fn named(v: &Violation, answer: &serde_json::Value) -> bool {
     let want = answer["expect"]["op"].as_str().unwrap_or("");
@@ -139,7 +148,7 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
     let (mut n, mut faults, mut detected, mut top1, mut healthy_quiet, mut healthy) =
         (0, 0, 0, 0, 0, 0);
     let mut healthy_acted = Vec::new();
-    let mut summed = 0;
+    let (mut summed, mut attributed) = (0, 0);
     let (mut throttled, mut throttled_acted) = (0, 0);
     let mut problems = Vec::new();
     for answer in answers(&tmp) {
@@ -201,6 +210,7 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
                 detected += 1;
                 top1 += usize::from(judged_right(violations, onset, end, &a));
                 summed += usize::from(sums_up(violations, onset, end));
+                attributed += usize::from(attributed_in_time(violations, onset, end));
             }
             None => problems.push(format!(
                 "{name}: no violation opened for {} (step time {effect:.2}x)",
@@ -258,7 +268,8 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
     eprintln!(
         "fault suite: {n} recordings; {detected}/{faults} faults with an effect detected; \
          top-1 operator {top1}/{detected}; causes adding up to the change over their windows \
-         (±25%) {summed}/{faults}; healthy runs without a violation {healthy_quiet}/{healthy}"
+         (±25%) {summed}/{faults}; a cause named within 10 s of the onset {attributed}/{faults}; \
+         healthy runs without a violation {healthy_quiet}/{healthy}"
     );
     eprintln!("shadow healer: acted on {throttled_acted} of {throttled} throttled runs");
     assert!(n >= 25, "only {n} fixtures found");
@@ -304,6 +315,12 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
         summed + 1 >= faults && detect_summed == detect_faults,
         "causes adding up to the change over their windows: {summed}/{faults} with markers \
          (all but one on main), {detect_summed}/{detect_faults} without (every one on main)"
+    );
+    // Attribution within 10 s of the onset (issue 13), by end time: every fault with an effect,
+    // as main reaches it.
+    assert!(
+        attributed == faults,
+        "a cause named within 10 s of the onset for {attributed}/{faults} faults with an effect"
     );
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }

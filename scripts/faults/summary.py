@@ -173,6 +173,9 @@ def evaluate(ans: Dict[str, Any], proc: Optional[Dict[str, Any]]) -> Dict[str, A
         r["top"] = {"op": top.get("op"), "dimension": top.get("dimension"), "delta_ms": round((top.get("delta_ns") or 0) / 1e6, 3)} if top else None
         r["host_cause"] = host
         r["chain"] = attributed.get("chain")
+        if isinstance(attributed.get("attributed_ns"), int):
+            # When its attribution first named a cause (replays from 2026-12-06 on).
+            r["attributed_s"] = round((attributed["attributed_ns"] - onset) / 1e9, 2)
         r["judged"] = judge(ans.get("expect") or {}, top, host)
         r["top1"] = all_true(r["judged"])
         r["top1_accept"] = r["top1"] or any(all_true(judge(alt, top, host)) for alt in ans.get("accept") or [])
@@ -275,7 +278,8 @@ def table(rows: List[Dict[str, Any]], variant: str) -> Tuple[List[str], Dict[str
     lines = [f"| fault | mode | n | detected | top-1 | top-1 (accept) | dimension | host cause | delay s (median) | sum ±25% | no effect |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     bars = {"top1": [0, 0], "detected": [0, 0], "delay_ok": [0, 0], "delay_ok_effective": [0, 0], "sum_ok": [0, 0],
-            "sum_ok_effective": [0, 0], "window_sum_ok": [0, 0], "window_sum_ok_effective": [0, 0]}
+            "sum_ok_effective": [0, 0], "window_sum_ok": [0, 0], "window_sum_ok_effective": [0, 0],
+            "attributed_10s": [0, 0]}
     for (kind, mode), rs in sorted(groups.items()):
         res = [x["results"][variant] for x in rs]
         effective = [(x, y) for x, y in zip(rs, res) if not no_effect(x["answer"])]
@@ -295,6 +299,9 @@ def table(rows: List[Dict[str, Any]], variant: str) -> Tuple[List[str], Dict[str
         bars["top1"][1] += len(effective)
         bars["detected"][0] += sum(1 for _, y in effective if y.get("detected"))
         bars["detected"][1] += len(effective)
+        # Attribution (a cause named) within 10 s of the onset, of the faults with an effect (issue 13).
+        bars["attributed_10s"][0] += sum(1 for _, y in effective if (y.get("attributed_s") is not None and y["attributed_s"] <= 10.0))
+        bars["attributed_10s"][1] += len(effective)
         # Delay and sums over every fault, and over those with an effect.
         for suffix, ys in (("", res), ("_effective", [y for _, y in effective])):
             for bar, oks in (("delay_ok", [y["delay_s"] <= 5.0 for y in ys if y.get("delay_s") is not None]),
@@ -331,7 +338,7 @@ def report(rows: List[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
         it_ok = sum(1 for y in iters if abs(y["iteration_error_pct"]) <= 1.0)
         util = [y.get("max_util_pct") for r in rows if variant in r["results"] for y in [r["results"][variant]] if y.get("max_util_pct") is not None]
         b = {
-            "top1": bars["top1"], "detected": bars["detected"], "delay_le_5s": bars["delay_ok"], "delay_le_5s_with_effect": bars["delay_ok_effective"], "sum_within_25pct": bars["sum_ok"],
+            "top1": bars["top1"], "detected": bars["detected"], "attributed_le_10s": bars["attributed_10s"], "delay_le_5s": bars["delay_ok"], "delay_le_5s_with_effect": bars["delay_ok_effective"], "sum_within_25pct": bars["sum_ok"],
             "sum_within_25pct_with_effect": bars["sum_ok_effective"],
             "window_sum_within_25pct": bars["window_sum_ok"], "window_sum_within_25pct_with_effect": bars["window_sum_ok_effective"],
             "healthy_without_violations": [sum(1 for _, v in hv if v == 0), len(hv)],
@@ -342,7 +349,7 @@ def report(rows: List[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
         }
         summary["variants"][variant] = b
         pct = lambda x: f"{100.0 * x[0] / x[1]:.0f}% ({x[0]}/{x[1]})" if x[1] else "-"  # noqa: E731
-        out += [f"Bars ({title}): top-1 {pct(b['top1'])} (bar 90%); detected {pct(b['detected'])}; detection <= 5 s {pct(b['delay_le_5s'])} (of faults with an effect {pct(b['delay_le_5s_with_effect'])}); "
+        out += [f"Bars ({title}): top-1 {pct(b['top1'])} (bar 90%); detected {pct(b['detected'])}; detection <= 5 s {pct(b['delay_le_5s'])} (of faults with an effect {pct(b['delay_le_5s_with_effect'])}); attributed <= 10 s after the onset {pct(b['attributed_le_10s'])} (faults with an effect); "
                 f"sums within ±25% {pct(b['sum_within_25pct'])} (of faults with an effect {pct(b['sum_within_25pct_with_effect'])}; against the change over the windows attributed {pct(b['window_sum_within_25pct'])}, with an effect {pct(b['window_sum_within_25pct_with_effect'])}); healthy fixtures without a violation {pct(b['healthy_without_violations'])} (bar 100%; "
                 f"of those whose steps kept their pace {pct(b['paced_healthy_without_violations'])}); "
                 f"healthy fixtures on which the shadow healer took no action {pct(b['healthy_without_shadow_actions'])} (bar 100%); "
@@ -355,7 +362,7 @@ def report(rows: List[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
             acts = dict(sh)
             out += [f"Healthy ({title}): " + ", ".join(
                 f"{n}: {v} violation(s)" + (f", {acts[n]} shadow action(s)" if n in acts else "") for n, v in hv), ""]
-    out += ["## Per fixture", "", "| fixture | kind | mode | effect | replay | detected | delay s | top cause | host cause | judged | sum ratio (its windows) | iterations (true) | max util % |",
+    out += ["## Per fixture", "", "| fixture | kind | mode | effect | replay | detected | delay s (attributed) | top cause | host cause | judged | sum ratio (its windows) | iterations (true) | max util % |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         a = r["answer"]
@@ -368,7 +375,7 @@ def report(rows: List[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
             j = y.get("judged") or {}
             jt = " ".join(f"{k}:{'ok' if v else 'WRONG'}" for k, v in j.items() if v is not None)
             out.append(f"| {r['name']} | {a.get('kind')} | {a.get('mode')} | {eff} | {variant} | {y.get('detected', '-') if a.get('kind') != 'healthy' else str(y.get('violations_total')) + ' viol.'} | "
-                       f"{y.get('delay_s', '-')} | {top.get('op', '-')} ({top.get('dimension', '-')}, {top.get('delta_ms', '-')} ms) | {y.get('host_cause', '-')} | "
+                       f"{y.get('delay_s', '-')} ({y.get('attributed_s', '-')}) | {top.get('op', '-')} ({top.get('dimension', '-')}, {top.get('delta_ms', '-')} ms) | {y.get('host_cause', '-')} | "
                        f"{jt or '-'}{' ' + '; '.join(y['problems'] + r['problems']) if y.get('problems') or r['problems'] else ''} | {y.get('sum_ratio', '-')} ({y.get('window_sum_ratio', '-')}) | "
                        f"{y.get('iterations', '-')} ({y.get('true_steps', '-')}) | {y.get('max_util_pct', '-')} |")
     summary["rows"] = [{"name": r["name"], "kind": r["answer"].get("kind"), "mode": r["answer"].get("mode"), "model": r["answer"].get("model"),

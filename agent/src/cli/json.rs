@@ -135,6 +135,7 @@ fn violation_json(v: &slo_probe_core::slo::Violation) -> serde_json::Value {
         "severity": v.severity.as_str(),
         "since_ns": v.since_ns,
         "opened_ns": v.opened_ns,
+        "attributed_ns": v.attributed_ns,
         "closed_ns": v.closed_ns,
         "value": v.value,
         "threshold": v.threshold,

@@ -306,6 +306,7 @@ mod tests {
             threshold: 1.0,
             baseline: None,
             attribution: None,
+            attributed_ns: None,
             chain: format!("{node} chain"),
         }
     }

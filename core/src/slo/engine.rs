@@ -530,6 +530,7 @@ impl SloEngine {
                 threshold,
                 baseline: node.baseline,
                 attribution: None,
+                attributed_ns: None,
                 chain: String::new(),
             });
             node.open = Some(self.violations.len() - 1);
@@ -588,7 +589,7 @@ impl SloEngine {
             }
         }
         if !opened_or_open.is_empty() {
-            self.attribute_open(&opened_or_open);
+            self.attribute_open(&opened_or_open, end);
         }
         self.prune_violations();
     }
@@ -602,7 +603,8 @@ impl SloEngine {
             && seen().all(|n| n.baseline.is_some() || n.spec.threshold.is_some())
     }
 
-    fn attribute_open(&mut self, which: &[usize]) {
+    /// Attributes the open violations `which` from the windows up to `end_ns`.
+    fn attribute_open(&mut self, which: &[usize], end_ns: u64) {
         let mut baseline = Profile::default();
         for p in &self.healthy {
             baseline.merge(p);
@@ -673,6 +675,11 @@ impl SloEngine {
                 && !recovered
             {
                 v.attribution = attribution.clone();
+            }
+            if v.attributed_ns.is_none()
+                && v.attribution.as_ref().is_some_and(|a| a.top().is_some())
+            {
+                v.attributed_ns = Some(end_ns);
             }
             // A graph as the top cause: what in it, from node-level iterations.
             // Node-level iterations tell what in it got slower; until they are enough, how the

@@ -99,6 +99,8 @@ pub struct Violation {
     pub baseline: Option<f64>,
     /// What made the iterations slower (iteration metrics), from the latest breaching windows.
     pub attribution: Option<Attribution>,
+    /// When its attribution first named a cause (end of that window), ns.
+    pub attributed_ns: Option<u64>,
     /// The causal chain in words.
     pub chain: String,
 }
