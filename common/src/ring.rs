@@ -85,6 +85,10 @@ pub const STATUS_KERNELS: u64 = 1 << 5;
 /// for node level (depth 2) with kernel level (`SLO_PROBE_GRAPH_NODES`), so the agent does not
 /// ask it for node-level samples.
 pub const STATUS_NO_GRAPH_NODES: u64 = 1 << 6;
+/// [`RingHeader::status`] bit: the GPU runs far behind the process's launches, and the shim
+/// switches kernel tracing only at the exit of synchronising calls (`SLO_PROBE_TOGGLE_AT_SYNC`),
+/// so a sample window or a requested depth starts and ends at the job's next such call.
+pub const STATUS_DRAINED_SWITCHING: u64 = 1 << 7;
 
 /// Estimated time CUPTI itself spends on the launching thread per kernel record
 /// (`CONCURRENT_KERNEL` instrumentation), which the shim cannot measure: 4 µs. Calibrated with

@@ -17,8 +17,8 @@ use slo_probe_common::{
         DEPTH_TIMING,
     },
     ring::{
-        decode_depth_request, encode_shim_depth, ShimDepth, STATUS_DIAGNOSTIC, STATUS_KERNELS,
-        STATUS_NO_GRAPH_NODES,
+        decode_depth_request, encode_shim_depth, ShimDepth, STATUS_DIAGNOSTIC,
+        STATUS_DRAINED_SWITCHING, STATUS_KERNELS, STATUS_NO_GRAPH_NODES,
     },
     DepthRecord, Record, RecordHeader,
 };
@@ -736,6 +736,7 @@ impl Shim {
         let lag_ms = o.gpu_lag_ns as f64 / 1e6;
         if c.planner.drains() && !was_draining {
             self.drains_now.store(true, Ordering::Release);
+            self.set_status(STATUS_DRAINED_SWITCHING, true);
             say!(
                 "the GPU runs {lag_ms:.1} ms behind its launches: kernel{} activity is switched \
                  only at the exit of synchronising calls from now on, where the queue has \

@@ -419,6 +419,14 @@ fn depth_report(out: &mut String, p: &ProcessSnapshot) {
         name(p.depth_wanted),
         100.0 * p.shim_overhead_ratio()
     );
+    if p.status & slo_probe_common::ring::STATUS_DRAINED_SWITCHING != 0 {
+        let _ = writeln!(
+            out,
+            "  the GPU runs far behind the launches: the shim switches kernel tracing only when \
+             the job synchronises (a window or a requested depth starts and ends at its next \
+             synchronising call)"
+        );
+    }
     if p.gpu_records_stalled_s > 0 {
         let _ = writeln!(
             out,
@@ -728,6 +736,24 @@ mod tests {
         );
         let h = line(0, 0);
         assert!(h.contains("(held on: ") && !h.contains("samples"), "{h}");
+        assert!(!w.contains("only when the job synchronises"), "{w}");
+        // Switched at drained moments (the shim's status bit): said.
+        let mut out = String::new();
+        depth_report(
+            &mut out,
+            &ProcessSnapshot {
+                depth: Some(ShimDepth {
+                    depth: 0,
+                    reason: DEPTH_REASON_SAMPLE,
+                    window: 5,
+                    period: 400,
+                    millis: false,
+                }),
+                status: slo_probe_common::ring::STATUS_DRAINED_SWITCHING,
+                ..ProcessSnapshot::default()
+            },
+        );
+        assert!(out.contains("only when the job synchronises"), "{out}");
         // The first window, before its period is known.
         let first = line(5, 0);
         assert!(first.contains("(a sample window)"), "{first}");
