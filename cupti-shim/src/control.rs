@@ -83,27 +83,29 @@ enum DrainState {
     Done,
 }
 
-/// Switching kernel activity only while the GPU has no work queued. By default (unset or
-/// `SLO_PROBE_TOGGLE_AT_SYNC=auto`) inline, and only once the planner has seen a deep queue
-/// ([`crate::depth::Planner::drains`]), memory activity switched with it from then on: on an
-/// H100 (2026-12-06, second session, `bench/results/faults-2026-12-06-h100-b`) the suite's two
-/// GPU-bound eager jobs with their faults delivered every record live with no repeated
-/// correlation id and their faults named 7 of 7, where the hold it replaces costs the GPU-bound
-/// GPT about 1%. `0` keeps the hold; `inline` switches so always, `1` parks (experiments).
+/// Switching kernel activity only while the GPU has no work queued. CUDA 13.0's CUPTI strands
+/// the kernel records of work in flight when `CONCURRENT_KERNEL` is switched under a deep queue
+/// (bench/results/faults-h200.md, seventh session), which is why the planner used to hold
+/// kernel tracing on for GPU-bound jobs.
 ///
-/// The park (`SLO_PROBE_TOGGLE_AT_SYNC=1`, an experiment). CUDA 13.0's CUPTI strands the kernel records of work in
-/// flight when `CONCURRENT_KERNEL` is switched under a deep queue (bench/results/faults-h200.md,
-/// seventh session), which is why the planner holds kernel tracing on for GPU-bound jobs. Here
-/// the flusher asks for a drained moment instead: the next thread to leave a synchronising call
-/// parks there (at most [`PARKED_WAIT`]) while the flusher switches, then goes on.
+/// By default (unset or `SLO_PROBE_TOGGLE_AT_SYNC=auto`) inline, and only once the planner has
+/// seen a deep queue ([`crate::depth::Planner::drains`]), memory activity switched with it from
+/// then on: on an H100 (2026-12-06, second session, `bench/results/faults-2026-12-06-h100-b`)
+/// the suite's two GPU-bound eager jobs with their faults delivered every record live with no
+/// repeated correlation id and their faults named 7 of 7, where the hold it replaces costs the
+/// GPU-bound GPT about 1%. `0` keeps the hold; `inline` switches so always and `1` parks
+/// (experiments).
 ///
-/// Inline (the default once deep, or always with `SLO_PROBE_TOGGLE_AT_SYNC=inline`) nothing parks: the thread leaving the
-/// synchronising call switches kernel activity (and the kinds switched with it) itself, in the
-/// call's exit callback, and goes on; the flusher flushes afterwards. Without a drained moment
-/// nothing is switched. Parking kept the eager GPT's correlation ids right on an H100
-/// (2026-12-06, call 9) but cost blocks with a window +11.7%; this keeps the job's thread for
-/// the CUPTI calls alone. On the same GPT (call 11) CUPTI took the calls in the callback and no
-/// correlation id repeated (`bench/results/faults-2026-12-06-h100`).
+/// Inline, nothing parks: the thread leaving the synchronising call switches kernel activity
+/// (and the kinds switched with it) itself, in the call's exit callback, and goes on; the
+/// flusher flushes afterwards. Without a drained moment nothing is switched. On the eager GPT
+/// (H100, 2026-12-06, call 11) CUPTI took the calls in the callback and no correlation id
+/// repeated (`bench/results/faults-2026-12-06-h100`).
+///
+/// The park: the flusher asks for a drained moment, and the next thread to leave a
+/// synchronising call parks there (at most [`PARKED_WAIT`]) while the flusher switches, then
+/// goes on. It kept the same GPT's correlation ids right (call 9) but cost blocks with a window
+/// +11.7%: the inline switch keeps the job's thread for the CUPTI calls alone.
 pub(crate) struct Drain {
     pub(crate) enabled: bool,
     /// Switch in the synchronising call's exit callback instead of parking there.
@@ -734,8 +736,10 @@ impl Shim {
             );
         }
         let lag_ms = o.gpu_lag_ns as f64 / 1e6;
-        if c.planner.drains() && !was_draining {
-            self.drains_now.store(true, Ordering::Release);
+        let began_draining = c.planner.drains() && !was_draining;
+        if began_draining {
+            // Before any switch: memory activity goes with kernel activity from here on
+            // (`Shim::kinds_with_kernels`).
             self.set_status(STATUS_DRAINED_SWITCHING, true);
             say!(
                 "the GPU runs {lag_ms:.1} ms behind its launches: kernel{} activity is switched \
@@ -748,7 +752,7 @@ impl Shim {
                 }
             );
         }
-        let change = if c.planner.drains() && !was_draining {
+        let change = if began_draining {
             None
         } else if c.planner.pinned() != was_pinned {
             Some(if was_pinned {

@@ -429,7 +429,7 @@ pub struct Planner {
     nodes_refused: bool,
     /// A deep queue was seen with [`Config::drain_deep`]: kernel tracing is switched at drained
     /// moments from now on, and never held.
-    deep: bool,
+    draining: bool,
 }
 
 /// Kernel tracing held on: since when the lag has stayed low, and where its cost is measured
@@ -467,7 +467,7 @@ impl Planner {
             pinned: None,
             pin_refused: false,
             nodes_refused: false,
-            deep: false,
+            draining: false,
         };
         if p.cfg.hold_at_start && p.sampling() && p.hold_threshold().is_some() {
             let start = Observed {
@@ -492,7 +492,14 @@ impl Planner {
     /// Whether kernel tracing is switched only at drained moments: a deep queue was seen and
     /// [`Config::drain_deep`] is on (the shim switches memory activity with it then).
     pub fn drains(&self) -> bool {
-        self.deep
+        self.draining
+    }
+
+    /// Whether a deep queue seen now turns to drained switching instead of the hold: with
+    /// [`Config::drain_deep`], for a job that marks its steps (without markers its kernels are
+    /// its iteration clock).
+    fn may_drain(&self) -> bool {
+        self.cfg.drain_deep && !self.millis
     }
 
     /// Whether kernel tracing is pinned on because the process launches CUDA graphs.
@@ -565,7 +572,7 @@ impl Planner {
             // again only after it ended, 6 s later).
             Reason::Agent => {
                 self.agent = match (req, self.agent) {
-                    (None, Some(prev)) if self.deep && prev.depth >= DEPTH_KERNELS => {
+                    (None, Some(prev)) if self.draining && prev.depth >= DEPTH_KERNELS => {
                         Some(Request {
                             depth: prev.depth,
                             until: Until::Ns(o.now_ns + DEEP_LINGER_NS),
@@ -726,14 +733,11 @@ impl Planner {
         let shallow = settled && h.low_since.is_some_and(|t| o.now_ns >= t + UNHOLD_AFTER_NS);
         // A deep queue known (records back, the lag over the threshold): with `drain_deep`
         // windows go on, switched at drained moments, instead of the hold.
-        let deep = self.cfg.drain_deep
+        let deep = self.may_drain()
             && settled
-            && !self.millis
             && back
             && self.hold_threshold().is_some_and(|t| o.gpu_lag_ns >= t);
-        if deep {
-            self.deep = true;
-        }
+        self.draining |= deep;
         if costly || barren || shallow || deep {
             self.held = None;
             self.resume_windows(o);
@@ -858,15 +862,15 @@ impl Planner {
                     && o.kernel_launches > w.at.kernel_launches
                     && w.launched_at.is_some_and(|t| o.now_ns >= t + MAX_DRAIN_NS);
                 let deep = o.now_ns >= self.no_hold_until
-                    && !self.deep
+                    && !self.draining
                     && threshold.is_some_and(|t| (arrived && o.gpu_lag_ns >= t) || stuck);
                 if requested > DEPTH_TIMING {
                     // A request took over: this window measures nothing.
                     self.window = None;
                     self.schedule_next(o, Some(&w.at));
-                } else if launched && measured && deep && self.cfg.drain_deep && !self.millis {
+                } else if launched && measured && deep && self.may_drain() {
                     // Switched at drained moments from now on: the window closes as any.
-                    self.deep = true;
+                    self.draining = true;
                     if done {
                         self.close_window(w, o);
                     }

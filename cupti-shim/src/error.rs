@@ -54,11 +54,11 @@ pub enum ShimError {
         /// This process.
         pid: u32,
     },
-    /// `SLO_PROBE_TOGGLE_AT_SYNC=inline`: no thread left a synchronising call within the wait,
-    /// so kernel activity was left as it is.
+    /// Kernel activity is switched at drained moments (`SLO_PROBE_TOGGLE_AT_SYNC`) and no
+    /// thread left a synchronising call within the wait, so it was left as it is.
     #[error(
         "no drained moment (the exit of a synchronising call) came in time: kernel activity left \
-         as it is until one comes (SLO_PROBE_TOGGLE_AT_SYNC=inline)"
+         as it is until one comes (SLO_PROBE_TOGGLE_AT_SYNC=0 holds kernel tracing on instead)"
     )]
     NotDrained,
     /// A CUPTI call failed.

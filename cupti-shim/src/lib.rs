@@ -80,7 +80,8 @@ use slo_probe_common::{
     },
     ring::{
         encode_depth_request, encode_shim_depth, next_generation, DepthDuration, ShimDepth,
-        STATUS_CONNECTED, STATUS_DIAGNOSTIC, STATUS_LOST_RACE, STATUS_RELEASED, STATUS_TRACING,
+        STATUS_CONNECTED, STATUS_DIAGNOSTIC, STATUS_DRAINED_SWITCHING, STATUS_LOST_RACE,
+        STATUS_RELEASED, STATUS_TRACING,
     },
     GraphNodeRecord, Record, RecordHeader, StepRecord, StringRecord,
 };
@@ -318,9 +319,6 @@ struct Shim {
     counters: Counters,
     /// Kernel activity switched only where the GPU has drained (see [`control::Drain`]).
     pub(crate) drain: control::Drain,
-    /// The planner switches kernel activity at drained moments (`depth::Planner::drains`):
-    /// memory activity goes with it then.
-    pub(crate) drains_now: AtomicBool,
     log: bool,
 }
 
@@ -602,7 +600,6 @@ fn shim() -> &'static Shim {
             buffers_cfg: BufferCfg::from_env(),
             counters: Counters::default(),
             drain,
-            drains_now: AtomicBool::new(false),
             log,
         };
         if let Some(t) = &s.transport {
@@ -626,9 +623,11 @@ fn shim() -> &'static Shim {
 impl Shim {
     /// The activity kinds switched on and off with kernel activity: memory activity's where
     /// `SLO_PROBE_MEM_ACTIVITY=window`, or once kernel activity is switched at drained moments
-    /// (on since the start until then, and switched with it from a moment it is on as well).
+    /// (on since the start until then, and switched with it from a moment it is on as well;
+    /// the status bit `STATUS_DRAINED_SWITCHING` says which, set before the first such switch).
     pub(crate) fn kinds_with_kernels(&self) -> &'static [u32] {
-        if self.mem_activity == MemActivity::On && self.drains_now.load(Ordering::Acquire) {
+        let drains = self.status.load(Ordering::Relaxed) & STATUS_DRAINED_SWITCHING != 0;
+        if self.mem_activity == MemActivity::On && drains {
             MemActivity::WithKernels.with_kernels()
         } else {
             self.mem_activity.with_kernels()
@@ -1303,8 +1302,8 @@ unsafe extern "C" fn buffer_completed(
             say!(
                 "CUPTI gave {} of {} kernel records the correlation id of the record before them: \
                  their operators and launch times are not their own from here on (seen where \
-                 kernel activity is switched under a deep launch queue; the shim's defaults hold \
-                 it on there)",
+                 kernel activity is switched under a deep launch queue; by default the shim \
+                 switches it there only at the exit of synchronising calls)",
                 ctx.tally.corr_repeats,
                 ctx.tally.kernels
             );

@@ -47,6 +47,14 @@ def rewrite_names(value: Any, mapping: Dict[str, str]) -> Any:
     return value
 
 
+def stamp(fixture: Dict[str, Any], a: argparse.Namespace) -> None:
+    """Where the fixture was made (``--recorded-on``) and what it stands for (``--markers-only``)."""
+    if a.recorded_on:
+        fixture["recorded_on"] = a.recorded_on
+    if a.markers_only:
+        fixture["markers_only"] = a.markers_only
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("input")
@@ -83,10 +91,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             if os.path.exists(ans):
                 with open(ans) as f:
                     v = rewrite_names(json.load(f), mapping)
-                if a.recorded_on:
-                    v.setdefault("fixture", {})["recorded_on"] = a.recorded_on
-                if a.markers_only:
-                    v.setdefault("fixture", {})["markers_only"] = a.markers_only
+                if a.recorded_on or a.markers_only:
+                    stamp(v.setdefault("fixture", {}), a)
                 with open(ans, "w") as f:
                     json.dump(v, f, indent=1)
         for meta in ("answers.json", "index.json"):
@@ -97,10 +103,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 if meta == "answers.json" and isinstance(v, list):
                     for ans in v:
                         if isinstance(ans, dict) and isinstance(ans.get("fixture"), dict):
-                            if a.recorded_on:
-                                ans["fixture"]["recorded_on"] = a.recorded_on
-                            if a.markers_only:
-                                ans["fixture"]["markers_only"] = a.markers_only
+                            stamp(ans["fixture"], a)
                 with open(path, "w") as f:
                     json.dump(v, f, indent=1)
         new_root = os.path.join(tmp, a.top)

@@ -714,21 +714,22 @@ mod tests {
     #[test]
     fn depth_line_tells_a_window_from_a_hold() {
         use slo_probe_common::{gpu::DEPTH_REASON_SAMPLE, ring::ShimDepth};
-        let line = |window, period| {
-            let p = ProcessSnapshot {
-                depth: Some(ShimDepth {
-                    depth: 1,
-                    reason: DEPTH_REASON_SAMPLE,
-                    window,
-                    period,
-                    millis: false,
-                }),
-                ..ProcessSnapshot::default()
-            };
+        let report = |p: &ProcessSnapshot| {
             let mut out = String::new();
-            depth_report(&mut out, &p);
+            depth_report(&mut out, p);
             out
         };
+        let sampling = |window, period| ProcessSnapshot {
+            depth: Some(ShimDepth {
+                depth: 1,
+                reason: DEPTH_REASON_SAMPLE,
+                window,
+                period,
+                millis: false,
+            }),
+            ..ProcessSnapshot::default()
+        };
+        let line = |window, period| report(&sampling(window, period));
         let w = line(5, 400);
         assert!(
             w.contains("(a sample window); samples kernels 5 steps in every 400 steps"),
@@ -738,38 +739,23 @@ mod tests {
         assert!(h.contains("(held on: ") && !h.contains("samples"), "{h}");
         assert!(!w.contains("only when the job synchronises"), "{w}");
         // Switched at drained moments (the shim's status bit): said.
-        let mut out = String::new();
-        depth_report(
-            &mut out,
-            &ProcessSnapshot {
-                depth: Some(ShimDepth {
-                    depth: 0,
-                    reason: DEPTH_REASON_SAMPLE,
-                    window: 5,
-                    period: 400,
-                    millis: false,
-                }),
-                status: slo_probe_common::ring::STATUS_DRAINED_SWITCHING,
-                ..ProcessSnapshot::default()
-            },
-        );
+        let out = report(&ProcessSnapshot {
+            status: slo_probe_common::ring::STATUS_DRAINED_SWITCHING,
+            ..sampling(5, 400)
+        });
         assert!(out.contains("only when the job synchronises"), "{out}");
         // The first window, before its period is known.
         let first = line(5, 0);
         assert!(first.contains("(a sample window)"), "{first}");
         assert!(!first.contains("CUPTI is holding them"), "{first}");
-        let mut out = String::new();
-        depth_report(
-            &mut out,
-            &ProcessSnapshot {
-                depth: Some(ShimDepth {
-                    depth: 1,
-                    ..ShimDepth::default()
-                }),
-                gpu_records_stalled_s: 45,
-                ..ProcessSnapshot::default()
-            },
-        );
+        let out = report(&ProcessSnapshot {
+            depth: Some(ShimDepth {
+                depth: 1,
+                ..ShimDepth::default()
+            }),
+            gpu_records_stalled_s: 45,
+            ..ProcessSnapshot::default()
+        });
         assert!(
             out.contains("no GPU record has arrived for 45 s while kernels are traced"),
             "{out}"
