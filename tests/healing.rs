@@ -901,17 +901,24 @@ fn useless(attempt: u32) {
         revert.unwrap_or_else(|| panic!("not rolled back:\n{}", setup.history()));
     // One verify window: settle + 8 blocks of 5 iterations at the step time while the action
     // was in force (a throttled group keeps slowing for a while after its quota is set, so the
-    // steps before the action understate it), plus a tick and the early stage's granularity.
+    // steps before the action understate it), plus the early stage's granularity; and the healer
+    // sees an iteration late: the agent reads it from the ring at a tick, its pipeline holds it
+    // `SETTLE_NS` for its GPU records, and the healer decides at a tick (500 ms here). Without
+    // that lateness the bound failed 3 of 3 attempts on this machine (2026-12-06) at the commit
+    // of stop 39 as at later ones: 2.95-3.99 s for a ~1.0 s window in 10 of 12 attempts at two
+    // commits; the other two took 13-14 s (the healer's own slowness, left as found) and still
+    // fail.
     let slow_ms = w.median_ms(applied_at, revert_at);
     let window_s = (5.0 + 8.0 * 5.0) * slow_ms / 1000.0;
+    let late_s = slo_probe_core::pipeline::SETTLE_NS as f64 / 1e9 + 2.0 * 0.5;
     let took = (revert_at - applied_at) as f64 / 1e9;
     eprintln!(
         "useless io-boost: rolled back {took:.2} s after applying ({revert:?}); one verify window \
-         at {slow_ms:.1} ms/step is {window_s:.2} s"
+         at {slow_ms:.1} ms/step is {window_s:.2} s, seen up to {late_s:.1} s late"
     );
     assert!(
-        took <= window_s * 1.25 + 1.0,
-        "{took} s for a {window_s} s window"
+        took <= window_s * 1.25 + late_s + 1.0,
+        "{took} s for a {window_s} s window seen up to {late_s} s late"
     );
     assert!(matches!(revert, Event::Revert { .. }));
     drop(agent);
