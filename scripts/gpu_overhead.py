@@ -8,6 +8,8 @@ Modes (--run):
              default   the shim at its default tier (depth 0 + duty-cycled sample windows)
              released  CUPTI released (slo_probe.cupti_released()): the baseline
              kernels   the shim forced to depth 1 (slo_probe.request_depth("kernels"))
+             control   CUPTI released again: an A/A pair with `released`, the method's own noise
+                       and bias measured in the same rounds (--conditions picks the set)
            then --profiler-blocks blocks under torch.profiler (CUPTI released to it), and with
            --toggles N, N raise/lower cycles of kernel tracing with the steps around them timed.
   pair     one process of a process pair: --steps steps at whatever the environment gives (the
@@ -49,7 +51,8 @@ except ImportError:  # the dry run here, without torch
     torch = None  # type: ignore[assignment]
     HAVE_TORCH = False
 
-CONDITIONS = ("default", "released", "kernels")
+CONDITIONS = ("default", "released", "kernels", "control")
+DEFAULT_CONDITIONS = "default,released,kernels"
 
 
 def log(*a: Any) -> None:
@@ -280,7 +283,7 @@ def block(job: Job, cond: str, steps: int, warm: int, wait_s: float) -> Dict[str
     if cond == "kernels":
         slo_probe.request_depth("kernels", 0)
         info["depth_reached"] = wait_depth(lambda d: 1 <= d["depth"] <= 2 and d["reason"] == "script", wait_s)
-    if cond == "released":
+    if cond in ("released", "control"):
         with slo_probe.cupti_released():
             run_steps(job, warm)
             c0 = counters()
@@ -432,7 +435,8 @@ def run_ab(args: argparse.Namespace, sizes: List[tuple]) -> int:
                 if time.time() > args.deadline:
                     log(f"{label}: deadline after {r} rounds")
                     break
-                order = CONDITIONS[r % 3:] + CONDITIONS[: r % 3]
+                conds = args.conditions
+                order = conds[r % len(conds):] + conds[: r % len(conds)]
                 for cond in order:
                     b = block(job, cond, args.block_steps, args.block_warm, args.wait_s)
                     b["round"] = r
@@ -521,6 +525,9 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--blocks", type=int, default=8, help="rounds: each runs every condition once")
     p.add_argument("--block-steps", type=int, default=50)
+    p.add_argument("--conditions", default=DEFAULT_CONDITIONS,
+                   help=f"ab: the conditions of a round, comma-separated, among {', '.join(CONDITIONS)} "
+                        "(released is the baseline and always runs)")
     p.add_argument("--block-warm", type=int, default=3, help="unmeasured steps after a switch")
     p.add_argument("--profiler-blocks", type=int, default=3)
     p.add_argument("--toggles", type=int, default=0)
@@ -548,6 +555,13 @@ def main() -> int:
     if not args.deadline:
         args.deadline = time.time() + 3600
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",") if s]
+    conds = [c.strip() for c in args.conditions.split(",") if c.strip()]
+    bad = [c for c in conds if c not in CONDITIONS]
+    if bad:
+        p.error(f"--conditions: unknown {', '.join(bad)} (choose among {', '.join(CONDITIONS)})")
+    if "released" not in conds:
+        conds.append("released")
+    args.conditions = conds
     log(f"{args.run} {args.mode} sizes {sizes}; shim {'loaded' if slo_probe.available() else 'absent'}; "
         f"torch {getattr(torch, '__version__', 'absent')}; {args.deadline - time.time():.0f} s left")
     if args.run == "ab":

@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import os
+import random
 import statistics
 import sys
 from typing import Any, Dict, List, Optional, Tuple
@@ -49,17 +50,57 @@ def load(path: str) -> List[Dict[str, Any]]:
     return out
 
 
-def spread(xs: List[float]) -> Dict[str, float]:
+def median_ci(xs: List[float], level: float = 0.90, resamples: int = 2000) -> Optional[Tuple[float, float]]:
+    """A bootstrap confidence interval of the median of xs (percentile method, fixed seed so a
+    report reads the same every time); None under 5 values."""
+    if len(xs) < 5:
+        return None
+    rng = random.Random(1)
+    n = len(xs)
+    meds = sorted(statistics.median(rng.choices(xs, k=n)) for _ in range(resamples))
+    lo = meds[int((1 - level) / 2 * (resamples - 1))]
+    hi = meds[int((1 + level) / 2 * (resamples - 1))]
+    return lo, hi
+
+
+def spread(xs: List[float]) -> Dict[str, Any]:
     xs = sorted(x for x in xs if x is not None and not math.isnan(x))
     if not xs:
         return {"n": 0}
-    return {
+    out: Dict[str, Any] = {
         "n": len(xs),
         "median": statistics.median(xs),
         "mean": statistics.fmean(xs),
         "min": xs[0],
         "max": xs[-1],
     }
+    ci = median_ci(xs)
+    if ci:
+        out["ci90"] = list(ci)
+    return out
+
+
+def verdict(s: Dict[str, Any], shift: float = 0.0) -> str:
+    """Is the cost within the budget, resolved? From the 90% interval of the median ratio
+    (shifted by `shift`, a ratio − 1 added, for a long-run estimate): 'yes' when the whole
+    interval is at or under the budget, 'no' when all of it is over, else 'not resolved'."""
+    ci = s.get("ci90")
+    if not ci:
+        return "–"
+    lo, hi = ((c - 1 + shift) * 100 for c in ci)
+    if hi <= BUDGET_PCT:
+        return "yes"
+    if lo > BUDGET_PCT:
+        return "**no**"
+    return "not resolved"
+
+
+def ci_pct(s: Dict[str, Any], shift: float = 0.0) -> str:
+    ci = s.get("ci90")
+    if not ci:
+        return "–"
+    m = (s["median"] - 1 + shift) * 100
+    return f"{m:+.2f}% (90% CI {(ci[0] - 1 + shift) * 100:+.2f} .. {(ci[1] - 1 + shift) * 100:+.2f})"
 
 
 def pct(s: Dict[str, float]) -> str:
@@ -95,6 +136,8 @@ def ab_figures(rec: Dict[str, Any], prof: Optional[Dict[str, Any]]) -> Dict[str,
             "default": paired("default", key=key),
             "default_no_window": paired("default", no_window, key=key),
             "kernels": paired("kernels", key=key),
+            # A/A: released against released, the method's noise and bias in the same rounds.
+            "control": paired("control", key=key),
         }
 
     # Per block: its synchronised wall time per step; the main thread's CPU time per step (blocks
@@ -231,6 +274,27 @@ def report(run: Dict[str, Any], ab: List[Dict[str, Any]], pairs: List[Dict[str, 
                  f"{est_s} | {pct(f['ratio']['kernels'])} | {pct(f['ratio'].get('profiler', {}))} | "
                  f"{'–' if kps is None else f'{kps:.0f}'} | {ok} |")
     L.append("")
+    if any(f["ratio"]["default"].get("ci90") for f in ab):
+        L += ["Resolution: a 90% bootstrap interval of each median over the rounds. `control` is an A/A pair "
+              "(CUPTI released in both blocks, `--conditions ...,control`): where its interval is wide or off "
+              "zero, the host's noise or the design's bias is that large. The long-run estimate's interval is "
+              "the interval of the blocks without a window shifted by (depth 1 − 1) × duty. The verdict is "
+              "'yes' only when the whole interval is within the budget, '**no**' when all of it is over.", "",
+              "| job | rounds | control (A/A) | default: blocks | default: blocks without a window "
+              "| default: long-run | ≤ 0.5%, resolved? |",
+              "|---|---|---|---|---|---|---|"]
+        for f in ab:
+            r = f["ratio"]
+            k, duty = r["kernels"].get("median"), f.get("duty")
+            nw = r["default_no_window"] if r["default_no_window"].get("ci90") else r["default"]
+            if k and duty is not None:
+                shift, long_run = (k - 1) * duty, nw
+            else:
+                shift, long_run = 0.0, r["default"]
+            L.append(f"| {f['label']} | {r['default'].get('n', 0)} | {ci_pct(r['control'])} | "
+                     f"{ci_pct(r['default'])} | {ci_pct(r['default_no_window'])} | "
+                     f"{ci_pct(long_run, shift)} | {verdict(long_run, shift)} |")
+        L.append("")
     if any(f.get("med_ratio", {}).get("default", {}).get("n") for f in ab):
         L += ["The same rounds on the median of each block's step times (host time per step, no sync between "
               "steps: the host's spikes — preemption, a neighbour, stolen time — left out, which the block's mean "
