@@ -394,6 +394,7 @@ fn violation(pid: u32, v: &core_slo::Violation) -> Violation {
         since_ns: v.since_ns,
         opened_ns: v.opened_ns,
         closed_ns: v.closed_ns,
+        attributed_ns: v.attributed_ns,
         value: v.value,
         threshold: v.threshold,
         baseline: v.baseline,
@@ -538,6 +539,35 @@ mod tests {
             Some(slo.nodes.len())
         );
         assert_eq!(back.processes[0].operators.len(), p.operators.len());
+    }
+
+    #[test]
+    fn a_violation_says_when_it_was_attributed() {
+        let mut v = core_slo::Violation {
+            id: 3,
+            node: "iteration".into(),
+            metric: core_slo::Metric::IterationTime,
+            stat: core_slo::Stat::P99,
+            severity: core_slo::Severity::Warning,
+            since_ns: 1_000,
+            opened_ns: 2_000,
+            closed_ns: None,
+            value: 30.0,
+            threshold: 20.0,
+            baseline: Some(17.0),
+            attribution: None,
+            attributed_ns: None,
+            chain: String::new(),
+        };
+        let api = violation(7, &v);
+        assert_eq!((api.attributed_ns, api.open, api.pid), (None, true, 7));
+        v.attributed_ns = Some(3_000);
+        let text = serde_json::to_string(&violation(7, &v)).expect("json");
+        let back: Violation = serde_json::from_str(&text).expect("parse");
+        assert_eq!(back.attributed_ns, Some(3_000));
+        // A snapshot from an agent that predates the field reads as not attributed.
+        let old: Violation = serde_json::from_str(r#"{"id":1,"opened_ns":5}"#).expect("parse");
+        assert_eq!((old.attributed_ns, old.opened_ns), (None, 5));
     }
 
     #[test]

@@ -333,6 +333,8 @@ pub struct Violation {
     pub opened_ns: u64,
     /// When it closed, ns.
     pub closed_ns: Option<u64>,
+    /// When its attribution first named a cause (the end of that window), ns; None until then.
+    pub attributed_ns: Option<u64>,
     /// The last breaching window's value.
     pub value: f64,
     /// The threshold it broke.
