@@ -389,6 +389,16 @@ impl MemActivity {
     }
 }
 
+/// The activity kinds enabled when tracing starts, for memory activity `mem` and the kinds
+/// switched with kernel activity `with_kernels` (see [`Shim::kinds_at_start`]).
+fn start_kinds(mem: MemActivity, with_kernels: &[u32]) -> Vec<u32> {
+    let mut kinds = vec![activity::KIND_GRAPH_TRACE];
+    if mem == MemActivity::On && with_kernels.is_empty() {
+        kinds.extend([activity::KIND_MEMCPY, activity::KIND_MEMSET]);
+    }
+    kinds
+}
+
 /// The launch configuration in a kernel launch's API parameters (`encode_launch`; 0 when not
 /// a kernel launch, or unreadable).
 ///
@@ -634,6 +644,17 @@ impl Shim {
         }
     }
 
+    /// The activity kinds tracing starts with (at depth 0): graph-level records, and memory
+    /// activity where it is on at every depth. Not where it goes with kernel activity: once
+    /// kernel tracing is switched at drained moments, memory activity is too, so tracing that
+    /// starts again (after a release: `slo_probe.cupti_released()`, torch.profiler) starts
+    /// without it. It did start with it, and stayed on until the next sample window: +0.65% on
+    /// the GPU-bound eager 16x512 A/B's default blocks without a window, where depth 1 cost
+    /// +0.93% (H100, 2026-12-06, `bench/results/overhead-2026-12-06`).
+    pub(crate) fn kinds_at_start(&self) -> Vec<u32> {
+        start_kinds(self.mem_activity, self.kinds_with_kernels())
+    }
+
     fn set_status(&self, bit: u64, on: bool) {
         let v = if on {
             self.status.fetch_or(bit, Ordering::Relaxed) | bit
@@ -745,11 +766,7 @@ impl Shim {
             self.set_delivery(api);
             let r = (api.cuptiActivityRegisterCallbacks)(buffer_requested, buffer_completed);
             api.check(r, || "cuptiActivityRegisterCallbacks".into())?;
-            let mut kinds = vec![activity::KIND_GRAPH_TRACE];
-            if self.mem_activity == MemActivity::On {
-                kinds.extend([activity::KIND_MEMCPY, activity::KIND_MEMSET]);
-            }
-            for k in kinds {
+            for k in self.kinds_at_start() {
                 let r = (api.cuptiActivityEnable)(k);
                 api.check(r, || format!("cuptiActivityEnable({k})"))?;
             }
@@ -1715,6 +1732,21 @@ mod tests {
         assert!(!t(10_000, 63).repeats_unreliable(), "too few to say");
         assert!(!t(100_000, 9_000).repeats_unreliable(), "under a tenth");
         assert!(t(640, 64).repeats_unreliable());
+    }
+
+    /// Tracing starts with memory activity only where it is on at every depth: not once it is
+    /// switched with kernel activity (drained switching, or `SLO_PROBE_MEM_ACTIVITY=window`),
+    /// so that tracing started again after a release leaves it off at depth 0.
+    #[test]
+    fn tracing_starts_with_memory_activity_only_where_it_stays_on() {
+        let g = activity::KIND_GRAPH_TRACE;
+        let (m, s) = (activity::KIND_MEMCPY, activity::KIND_MEMSET);
+        assert_eq!(start_kinds(MemActivity::On, &[]), vec![g, m, s]);
+        // Drained switching latched: memory activity goes with kernel activity.
+        let drains = MemActivity::WithKernels.with_kernels();
+        assert_eq!(start_kinds(MemActivity::On, drains), vec![g]);
+        assert_eq!(start_kinds(MemActivity::WithKernels, drains), vec![g]);
+        assert_eq!(start_kinds(MemActivity::Off, &[]), vec![g]);
     }
 
     /// The launch configuration read from each kernel-launch API's parameters, as CUPTI passes
