@@ -171,7 +171,10 @@ def ab_figures(rec: Dict[str, Any], prof: Optional[Dict[str, Any]]) -> Dict[str,
         duty = (d["window"] + 1) / d["period"]
     f["duty"] = duty
     t0 = f["ratio"]["default_no_window"].get("median") or f["ratio"]["default"].get("median")
-    k = f["ratio"]["kernels"].get("median")
+    # Depth 1's cost: the forced blocks, else the default blocks a sample window covered whole.
+    f["ratio"]["default_windowed"] = paired(
+        "default", lambda b: b.get("counters", {}).get("sampled_steps", 0) >= b.get("steps", 1) > 0)
+    k = f["ratio"]["kernels"].get("median") or f["ratio"]["default_windowed"].get("median")
     f["default_estimated_ratio"] = (t0 + (k - 1) * duty) if (t0 and k and duty is not None) else None
     # Depth 1 per kernel: CUPTI's cost per record = measured extra time per record less the
     # shim's measured callback time (the figure SHIM_COST_PER_KERNEL_RECORD_NS stands for).
@@ -278,14 +281,15 @@ def report(run: Dict[str, Any], ab: List[Dict[str, Any]], pairs: List[Dict[str, 
         L += ["Resolution: a 90% bootstrap interval of each median over the rounds. `control` is an A/A pair "
               "(CUPTI released in both blocks, `--conditions ...,control`): where its interval is wide or off "
               "zero, the host's noise or the design's bias is that large. The long-run estimate's interval is "
-              "the interval of the blocks without a window shifted by (depth 1 − 1) × duty. The verdict is "
+              "the interval of the blocks without a window shifted by (depth 1 − 1) × duty (depth 1: the forced blocks, else the default blocks a window covered whole). The verdict is "
               "'yes' only when the whole interval is within the budget, '**no**' when all of it is over.", "",
               "| job | rounds | control (A/A) | default: blocks | default: blocks without a window "
               "| default: long-run | ≤ 0.5%, resolved? |",
               "|---|---|---|---|---|---|---|"]
         for f in ab:
             r = f["ratio"]
-            k, duty = r["kernels"].get("median"), f.get("duty")
+            k = r["kernels"].get("median") or r["default_windowed"].get("median")
+            duty = f.get("duty")
             nw = r["default_no_window"] if r["default_no_window"].get("ci90") else r["default"]
             if k and duty is not None:
                 shift, long_run = (k - 1) * duty, nw
