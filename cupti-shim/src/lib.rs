@@ -28,7 +28,8 @@
 //!
 //! The agent (ring header `control` word) and the script (`slo_probe_request_depth`) raise the
 //! depth for a while; `SLO_PROBE_DEPTH` sets the floor. Every change is stamped with a
-//! `DepthRecord`, so the agent can tell "not sampled" from "no kernels". Every timestamp is
+//! `DepthRecord`, so the agent can tell "not sampled" from "no kernels"
+//! (`SLO_PROBE_SHIM_LOG=1` says each change on stderr, and each activity kind switched). Every timestamp is
 //! CLOCK_MONOTONIC (CUPTI's timestamp callback), the clock of the eBPF probes.
 //!
 //! Records go into a shared-memory ring ([`slo_probe_common::ring`]) that the agent maps after
@@ -353,6 +354,22 @@ thread_local! {
 /// GELU inside the graphs (`blocks.2.mlp.act`, occupancy) live, and the job ran to its end.
 static CAPTURE_LAUNCH: AtomicBool = AtomicBool::new(true);
 
+/// `SLO_PROBE_SHIM_LOG=1`: every activity kind switched on or off is said too (with the thread
+/// and whether a callback did it), to find which switch left a kind on.
+pub(crate) static ACTIVITY_LOG: AtomicBool = AtomicBool::new(false);
+
+/// Says, under [`ACTIVITY_LOG`], which activity kinds (CUPTI's numbers: 10 kernels, 1 memcpy,
+/// 2 memset, 51 graph launches) `what` switched.
+pub(crate) fn log_activity(what: &str, kinds: &[u32]) {
+    if ACTIVITY_LOG.load(Ordering::Relaxed) {
+        let t = std::thread::current();
+        say!(
+            "activity {what} {kinds:?} (thread {})",
+            t.name().unwrap_or("of the job")
+        );
+    }
+}
+
 /// When MEMCPY and MEMSET activity is on (`SLO_PROBE_MEM_ACTIVITY`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum MemActivity {
@@ -512,6 +529,7 @@ fn shim() -> &'static Shim {
         // SAFETY: registering a function with no preconditions.
         unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
         let log = env_flag("SLO_PROBE_SHIM_LOG");
+        ACTIVITY_LOG.store(log, Ordering::Relaxed);
         if let Some(v) = std::env::var_os("SLO_PROBE_CAPTURE_LAUNCH") {
             match v.to_str() {
                 Some("1" | "true") => CAPTURE_LAUNCH.store(true, Ordering::Relaxed),
@@ -766,7 +784,9 @@ impl Shim {
             self.set_delivery(api);
             let r = (api.cuptiActivityRegisterCallbacks)(buffer_requested, buffer_completed);
             api.check(r, || "cuptiActivityRegisterCallbacks".into())?;
-            for k in self.kinds_at_start() {
+            let kinds = self.kinds_at_start();
+            log_activity("on at start", &kinds);
+            for k in kinds {
                 let r = (api.cuptiActivityEnable)(k);
                 api.check(r, || format!("cuptiActivityEnable({k})"))?;
             }
@@ -853,14 +873,16 @@ impl Shim {
         }
         let sub = self.subscriber.swap(std::ptr::null_mut(), Ordering::AcqRel);
         // SAFETY: valid CUPTI calls; the subscriber, when there is one, is ours.
+        let kinds = [
+            activity::KIND_CONCURRENT_KERNEL,
+            activity::KIND_MEMCPY,
+            activity::KIND_MEMSET,
+            activity::KIND_GRAPH_TRACE,
+        ];
+        log_activity("off at release", &kinds);
         let r = unsafe {
             (api.cuptiActivityFlushAll)(FLUSH_FORCED);
-            for k in [
-                activity::KIND_CONCURRENT_KERNEL,
-                activity::KIND_MEMCPY,
-                activity::KIND_MEMSET,
-                activity::KIND_GRAPH_TRACE,
-            ] {
+            for k in kinds {
                 (api.cuptiActivityDisable)(k);
             }
             if sub.is_null() {
