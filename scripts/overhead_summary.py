@@ -2,6 +2,7 @@
 """Figures of scripts/gpu-overhead: what slo-probe's CUPTI shim costs a training job.
 
     python3 scripts/overhead_summary.py DIR [--json F] [--md F] [--bench bench/results/gpu-overhead-h200.md]
+    python3 scripts/overhead_summary.py --self-test
 
 DIR holds what scripts/gpu-overhead wrote: blocks.jsonl (one line per measured unit, from
 scripts/gpu_overhead.py) and run.json (machine, date, command, stages run and skipped, errors).
@@ -407,7 +408,52 @@ def report(run: Dict[str, Any], ab: List[Dict[str, Any]], pairs: List[Dict[str, 
     return "\n".join(L)
 
 
+def self_test() -> int:
+    """The intervals, the verdicts and the long-run estimate on synthetic rounds with known
+    answers (run by scripts/test)."""
+    checks: List[Tuple[str, bool]] = []
+    checks.append(("no interval under 5 values", median_ci([1.0, 1.1, 1.2, 1.3]) is None))
+    checks.append(("a constant's interval is itself", median_ci([1.01] * 9) == (1.01, 1.01)))
+    lo, hi = median_ci([1.0 + i / 1000 for i in range(21)]) or (0, 0)
+    checks.append(("the interval holds the median", lo <= 1.010 <= hi and hi - lo < 0.01))
+    checks.append(("within the budget", verdict({"ci90": [0.999, 1.004]}) == "yes"))
+    checks.append(("over the budget", verdict({"ci90": [1.006, 1.01]}) == "**no**"))
+    checks.append(("not resolved", verdict({"ci90": [0.99, 1.01]}) == "not resolved"))
+    checks.append(("a shift moves the verdict", verdict({"ci90": [0.999, 1.004]}, 0.002) == "not resolved"))
+    # 12 rounds: released 10 ms ± 1%, control as released, default +0.2% without a window and
+    # +2% in the rounds a window covered whole (every fourth); the shim published a window of 4
+    # steps in 100.
+    blocks = []
+    for r in range(12):
+        base = 0.010 * (1 + 0.01 * ((r * 7) % 5 - 2) / 2)
+        windowed = r % 4 == 0
+        blocks += [
+            {"condition": "released", "round": r, "step_s": base, "steps": 20},
+            {"condition": "control", "round": r, "step_s": base, "steps": 20},
+            {"condition": "default", "round": r, "step_s": base * (1.02 if windowed else 1.002), "steps": 20,
+             "counters": {"sampled_steps": 20 if windowed else 0}},
+        ]
+    rec = {"kind": "ab", "label": "eager 16x512", "mode": "eager", "blocks": blocks,
+           "depth_end": {"window": 4, "period": 100, "unit": "steps"}}
+    f = ab_figures(rec, None)
+    near = lambda a, b: a is not None and abs(a - b) < 1e-9  # noqa: E731
+    checks.append(("A/A control at zero", near(f["ratio"]["control"]["median"], 1.0)))
+    checks.append(("blocks without a window", near(f["ratio"]["default_no_window"]["median"], 1.002)))
+    checks.append(("blocks a window covered", near(f["ratio"]["default_windowed"]["median"], 1.02)))
+    checks.append(("long-run estimate", near(f["default_estimated_ratio"], 1.002 + 0.02 * 0.05)))
+    md = report({}, [f], [], [], [], [])
+    row = next((line for line in md.splitlines() if line.startswith("| eager 16x512 | 12 |")), "")
+    checks.append(("the resolution row says yes", row.endswith("| yes |")))
+    bad = [name for name, ok in checks if not ok]
+    for name in bad:
+        print(f"self-test FAILED: {name}", file=sys.stderr)
+    print(f"overhead_summary.py self-test: {len(checks) - len(bad)} passed, {len(bad)} failed")
+    return 1 if bad else 0
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--self-test"]:
+        return self_test()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir")
     p.add_argument("--json")
