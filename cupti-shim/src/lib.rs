@@ -666,9 +666,10 @@ impl Shim {
     /// activity where it is on at every depth. Not where it goes with kernel activity: once
     /// kernel tracing is switched at drained moments, memory activity is too, so tracing that
     /// starts again (after a release: `slo_probe.cupti_released()`, torch.profiler) starts
-    /// without it. It did start with it, and stayed on until the next sample window: +0.65% on
-    /// the GPU-bound eager 16x512 A/B's default blocks without a window, where depth 1 cost
-    /// +0.93% (H100, 2026-12-06, `bench/results/overhead-2026-12-06`).
+    /// without it (it did start with it, on until the next window ended). Memory records still
+    /// came in the GPU-bound eager 16x512 A/B's default blocks without a window with this
+    /// (+0.62%, H100, 2026-12-06, `bench/results/overhead-2026-12-06` call 2): another switch
+    /// leaves memory activity on there, not found yet (`SLO_PROBE_SHIM_LOG=1` says each).
     pub(crate) fn kinds_at_start(&self) -> Vec<u32> {
         start_kinds(self.mem_activity, self.kinds_with_kernels())
     }
