@@ -64,7 +64,8 @@ def median_ci(xs: List[float], level: float = 0.90, resamples: int = 2000) -> Op
     return lo, hi
 
 
-def spread(xs: List[float]) -> Dict[str, Any]:
+def spread(xs: List[float], ci: bool = False) -> Dict[str, Any]:
+    """n, median, mean, min and max of xs; with `ci`, the median's 90% interval too."""
     xs = sorted(x for x in xs if x is not None and not math.isnan(x))
     if not xs:
         return {"n": 0}
@@ -75,9 +76,9 @@ def spread(xs: List[float]) -> Dict[str, Any]:
         "min": xs[0],
         "max": xs[-1],
     }
-    ci = median_ci(xs)
-    if ci:
-        out["ci90"] = list(ci)
+    interval = median_ci(xs) if ci else None
+    if interval:
+        out["ci90"] = list(interval)
     return out
 
 
@@ -128,7 +129,7 @@ def ab_figures(rec: Dict[str, Any], prof: Optional[Dict[str, Any]]) -> Dict[str,
     def paired(cond: str, keep=lambda b: True, key: str = "step_s") -> Dict[str, float]:
         return spread([r[cond][key] / r["released"][key] for r in by_round.values()
                        if cond in r and "released" in r and keep(r[cond])
-                       and r[cond].get(key) and r["released"].get(key)])
+                       and r[cond].get(key) and r["released"].get(key)], ci=True)
 
     no_window = lambda b: b.get("counters", {}).get("sampled_steps", 0) == 0  # noqa: E731
 
@@ -176,6 +177,7 @@ def ab_figures(rec: Dict[str, Any], prof: Optional[Dict[str, Any]]) -> Dict[str,
     f["ratio"]["default_windowed"] = paired(
         "default", lambda b: b.get("counters", {}).get("sampled_steps", 0) >= b.get("steps", 1) > 0)
     k = f["ratio"]["kernels"].get("median") or f["ratio"]["default_windowed"].get("median")
+    f["depth1_ratio"] = k
     f["default_estimated_ratio"] = (t0 + (k - 1) * duty) if (t0 and k and duty is not None) else None
     # Depth 1 per kernel: CUPTI's cost per record = measured extra time per record less the
     # shim's measured callback time (the figure SHIM_COST_PER_KERNEL_RECORD_NS stands for).
@@ -289,8 +291,7 @@ def report(run: Dict[str, Any], ab: List[Dict[str, Any]], pairs: List[Dict[str, 
               "|---|---|---|---|---|---|---|"]
         for f in ab:
             r = f["ratio"]
-            k = r["kernels"].get("median") or r["default_windowed"].get("median")
-            duty = f.get("duty")
+            k, duty = f.get("depth1_ratio"), f.get("duty")
             nw = r["default_no_window"] if r["default_no_window"].get("ci90") else r["default"]
             if k and duty is not None:
                 shift, long_run = (k - 1) * duty, nw

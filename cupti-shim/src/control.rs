@@ -434,7 +434,7 @@ impl Control {
 /// at a drained moment ([`Drain::inline`]).
 unsafe fn kernel_activity(api: &Cupti, on: bool, with_kernels: &[u32]) -> Result<(), ShimError> {
     let kernel = activity::KIND_CONCURRENT_KERNEL;
-    if crate::ACTIVITY_LOG.load(Ordering::Relaxed) {
+    if crate::logging() {
         let mut kinds = vec![kernel];
         kinds.extend_from_slice(with_kernels);
         crate::log_activity(if on { "on" } else { "off" }, &kinds);

@@ -28,8 +28,8 @@
 //!
 //! The agent (ring header `control` word) and the script (`slo_probe_request_depth`) raise the
 //! depth for a while; `SLO_PROBE_DEPTH` sets the floor. Every change is stamped with a
-//! `DepthRecord`, so the agent can tell "not sampled" from "no kernels"
-//! (`SLO_PROBE_SHIM_LOG=1` says each change on stderr, and each activity kind switched). Every timestamp is
+//! `DepthRecord`, so the agent can tell "not sampled" from "no kernels" (`SLO_PROBE_SHIM_LOG=1`
+//! says each change on stderr, and each activity kind switched). Every timestamp is
 //! CLOCK_MONOTONIC (CUPTI's timestamp callback), the clock of the eBPF probes.
 //!
 //! Records go into a shared-memory ring ([`slo_probe_common::ring`]) that the agent maps after
@@ -354,14 +354,16 @@ thread_local! {
 /// GELU inside the graphs (`blocks.2.mlp.act`, occupancy) live, and the job ran to its end.
 static CAPTURE_LAUNCH: AtomicBool = AtomicBool::new(true);
 
-/// `SLO_PROBE_SHIM_LOG=1`: every activity kind switched on or off is said too (with the thread
-/// and whether a callback did it), to find which switch left a kind on.
-pub(crate) static ACTIVITY_LOG: AtomicBool = AtomicBool::new(false);
+/// Whether the shim says what it does (`SLO_PROBE_SHIM_LOG=1`).
+pub(crate) fn logging() -> bool {
+    SHIM.get().is_some_and(|s| s.log)
+}
 
-/// Says, under [`ACTIVITY_LOG`], which activity kinds (CUPTI's numbers: 10 kernels, 1 memcpy,
-/// 2 memset, 51 graph launches) `what` switched.
+/// Says, where [`logging`], which activity kinds (CUPTI's numbers: 10 kernels, 1 memcpy,
+/// 2 memset, 51 graph launches) `what` switched, and on which thread: to find which switch left
+/// a kind on.
 pub(crate) fn log_activity(what: &str, kinds: &[u32]) {
-    if ACTIVITY_LOG.load(Ordering::Relaxed) {
+    if logging() {
         let t = std::thread::current();
         say!(
             "activity {what} {kinds:?} (thread {})",
@@ -406,8 +408,15 @@ impl MemActivity {
     }
 }
 
-/// The activity kinds enabled when tracing starts, for memory activity `mem` and the kinds
-/// switched with kernel activity `with_kernels` (see [`Shim::kinds_at_start`]).
+/// The activity kinds tracing starts with (at depth 0), for memory activity `mem` and the kinds
+/// switched with kernel activity `with_kernels` ([`Shim::kinds_with_kernels`]): graph-level
+/// records, and memory activity where it is on at every depth. Not where it goes with kernel
+/// activity: once kernel tracing is switched at drained moments, memory activity is too, so
+/// tracing that starts again (after a release: `slo_probe.cupti_released()`, torch.profiler)
+/// starts without it (it did start with it, on until the next window ended). Memory records
+/// still came in the GPU-bound eager 16x512 A/B's default blocks without a window with this
+/// (+0.62%, H100, 2026-12-06, `bench/results/overhead-2026-12-06` call 2): another switch
+/// leaves memory activity on there, not found yet (`SLO_PROBE_SHIM_LOG=1` says each).
 fn start_kinds(mem: MemActivity, with_kernels: &[u32]) -> Vec<u32> {
     let mut kinds = vec![activity::KIND_GRAPH_TRACE];
     if mem == MemActivity::On && with_kernels.is_empty() {
@@ -529,7 +538,6 @@ fn shim() -> &'static Shim {
         // SAFETY: registering a function with no preconditions.
         unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
         let log = env_flag("SLO_PROBE_SHIM_LOG");
-        ACTIVITY_LOG.store(log, Ordering::Relaxed);
         if let Some(v) = std::env::var_os("SLO_PROBE_CAPTURE_LAUNCH") {
             match v.to_str() {
                 Some("1" | "true") => CAPTURE_LAUNCH.store(true, Ordering::Relaxed),
@@ -662,18 +670,6 @@ impl Shim {
         }
     }
 
-    /// The activity kinds tracing starts with (at depth 0): graph-level records, and memory
-    /// activity where it is on at every depth. Not where it goes with kernel activity: once
-    /// kernel tracing is switched at drained moments, memory activity is too, so tracing that
-    /// starts again (after a release: `slo_probe.cupti_released()`, torch.profiler) starts
-    /// without it (it did start with it, on until the next window ended). Memory records still
-    /// came in the GPU-bound eager 16x512 A/B's default blocks without a window with this
-    /// (+0.62%, H100, 2026-12-06, `bench/results/overhead-2026-12-06` call 2): another switch
-    /// leaves memory activity on there, not found yet (`SLO_PROBE_SHIM_LOG=1` says each).
-    pub(crate) fn kinds_at_start(&self) -> Vec<u32> {
-        start_kinds(self.mem_activity, self.kinds_with_kernels())
-    }
-
     fn set_status(&self, bit: u64, on: bool) {
         let v = if on {
             self.status.fetch_or(bit, Ordering::Relaxed) | bit
@@ -785,7 +781,7 @@ impl Shim {
             self.set_delivery(api);
             let r = (api.cuptiActivityRegisterCallbacks)(buffer_requested, buffer_completed);
             api.check(r, || "cuptiActivityRegisterCallbacks".into())?;
-            let kinds = self.kinds_at_start();
+            let kinds = start_kinds(self.mem_activity, self.kinds_with_kernels());
             log_activity("on at start", &kinds);
             for k in kinds {
                 let r = (api.cuptiActivityEnable)(k);
@@ -843,7 +839,7 @@ impl Shim {
                 );
             }
         }
-        if env_flag("SLO_PROBE_SHIM_LOG") {
+        if self.log {
             if let Some(f) = api.optional.get_attribute {
                 let (r, value) = attribute(f, ATTR_PER_THREAD_ACTIVITY_BUFFER, 0u8);
                 say!(
@@ -873,7 +869,6 @@ impl Shim {
             return Ok(());
         }
         let sub = self.subscriber.swap(std::ptr::null_mut(), Ordering::AcqRel);
-        // SAFETY: valid CUPTI calls; the subscriber, when there is one, is ours.
         let kinds = [
             activity::KIND_CONCURRENT_KERNEL,
             activity::KIND_MEMCPY,
@@ -881,6 +876,7 @@ impl Shim {
             activity::KIND_GRAPH_TRACE,
         ];
         log_activity("off at release", &kinds);
+        // SAFETY: valid CUPTI calls; the subscriber, when there is one, is ours.
         let r = unsafe {
             (api.cuptiActivityFlushAll)(FLUSH_FORCED);
             for k in kinds {
