@@ -430,6 +430,10 @@ pub struct Planner {
     /// A deep queue was seen with [`Config::drain_deep`]: kernel tracing is switched at drained
     /// moments from now on, and never held.
     draining: bool,
+    /// A hold ended with the queue measured shallow (the records back, the lag under half the
+    /// threshold): memory activity may go with kernel activity from then on
+    /// ([`Planner::mem_with_kernels`]).
+    shallow_seen: bool,
 }
 
 /// Kernel tracing held on: since when the lag has stayed low, and where its cost is measured
@@ -468,6 +472,7 @@ impl Planner {
             pin_refused: false,
             nodes_refused: false,
             draining: false,
+            shallow_seen: false,
         };
         if p.cfg.hold_at_start && p.sampling() && p.hold_threshold().is_some() {
             let start = Observed {
@@ -493,6 +498,18 @@ impl Planner {
     /// [`Config::drain_deep`] is on (the shim switches memory activity with it then).
     pub fn drains(&self) -> bool {
         self.draining
+    }
+
+    /// Whether memory activity (where it is on) is switched with kernel activity from now on,
+    /// off at depth 0: once kernel tracing is switched at drained moments ([`Planner::drains`]),
+    /// or once a hold (the opening one) ended with the queue measured shallow, where switching
+    /// strands no record. Until then it is on from the start, at every depth. On an H100
+    /// (2026-12-06, `bench/results/overhead-2026-12-06` calls 1, 2 and 4) a GPU-bound eager job
+    /// whose queue the planner never judged deep (20-step blocks, each ended by a sync, after a
+    /// launch-bound phase) kept it on at depth 0, and its memcpy/memset records cost it +0.6%
+    /// on the GPU. A latch: it never goes back.
+    pub fn mem_with_kernels(&self) -> bool {
+        self.draining || self.shallow_seen
     }
 
     /// Whether a deep queue seen now turns to drained switching instead of the hold: with
@@ -739,6 +756,9 @@ impl Planner {
             && self.hold_threshold().is_some_and(|t| o.gpu_lag_ns >= t);
         self.draining |= deep;
         if costly || barren || shallow || deep {
+            // Ended on a queue measured shallow now (a launch-bound job's opening hold ends
+            // on its cost, with the lag near 0).
+            self.shallow_seen |= low && !deep;
             self.held = None;
             self.resume_windows(o);
             if h.opening {
@@ -1373,6 +1393,7 @@ mod tests {
             }
         }
         assert!(p.held() && !p.drains(), "80 s without markers");
+        assert!(!p.mem_with_kernels());
         // Without drained switching, a lowering is at once.
         let mut job = Job::new(30 * MS, 190);
         let mut p = Planner::new(Config::default(), job.o.now_ns);
@@ -1769,6 +1790,42 @@ mod tests {
         );
         assert_eq!(changes[1], (off + 10, DEPTH_KERNELS));
         assert!(!p.held());
+        assert!(p.mem_with_kernels(), "the queue was measured shallow");
+    }
+
+    /// Memory activity goes with kernel activity once a hold ended on a queue measured shallow
+    /// (a launch-bound job's opening hold, ended on its cost), never where the hold ended on its
+    /// cost under a deep queue (without step markers, so no drained switching): there switching
+    /// it would strand records.
+    #[test]
+    fn memory_activity_goes_with_kernels_once_the_queue_is_known_shallow() {
+        let mut job = Job::new(8 * MS, 400);
+        let mut p = Planner::new(Config::default(), job.o.now_ns);
+        assert!(!p.mem_with_kernels(), "nothing measured at the start");
+        let changes = run(&mut job, &mut p, 1_000);
+        assert_eq!(changes[0].1, DEPTH_TIMING, "the opening hold ended");
+        assert!(p.mem_with_kernels() && !p.drains());
+        // A deep queue (150 ms), no markers, a hold that costs 20% of the time: it ends on its
+        // cost, the queue still deep.
+        let mut o = Observed {
+            now_ns: SEC,
+            gpu_lag_ns: 150 * MS,
+            ..Default::default()
+        };
+        let mut p = Planner::new(Config::default(), o.now_ns);
+        let mut ended = false;
+        for _ in 0..100 {
+            let depth = p.plan(&o).depth;
+            ended |= depth == DEPTH_TIMING;
+            o.now_ns += 200 * MS;
+            o.kernel_launches += 1_000;
+            if depth >= DEPTH_KERNELS {
+                o.kernel_records += 1_000;
+                o.callback_ns += 40 * MS;
+            }
+        }
+        assert!(ended, "the hold never ended on its cost");
+        assert!(!p.mem_with_kernels() && !p.drains());
     }
 
     #[test]

@@ -81,8 +81,7 @@ use slo_probe_common::{
     },
     ring::{
         encode_depth_request, encode_shim_depth, next_generation, DepthDuration, ShimDepth,
-        STATUS_CONNECTED, STATUS_DIAGNOSTIC, STATUS_DRAINED_SWITCHING, STATUS_LOST_RACE,
-        STATUS_RELEASED, STATUS_TRACING,
+        STATUS_CONNECTED, STATUS_DIAGNOSTIC, STATUS_LOST_RACE, STATUS_RELEASED, STATUS_TRACING,
     },
     GraphNodeRecord, Record, RecordHeader, StepRecord, StringRecord,
 };
@@ -312,6 +311,9 @@ struct Shim {
     control: Mutex<Control>,
     /// When MEMCPY and MEMSET activity is on (`SLO_PROBE_MEM_ACTIVITY`, default 1).
     mem_activity: MemActivity,
+    /// Memory activity goes with kernel activity from now on (a latch, set by the flusher
+    /// before the switch that first takes it along: [`Shim::kinds_with_kernels`]).
+    pub(crate) mem_follows: AtomicBool,
     /// Buffer handling, for checks on the GPU: sizes (`SLO_PROBE_BUFFER_KIB`, default 64;
     /// `SLO_PROBE_SMALL_BUFFER_KIB`, default 16), reuse of completed buffers
     /// (`SLO_PROBE_BUFFER_REUSE`, default 1) and the forced flush at the end of a sampled
@@ -411,12 +413,8 @@ impl MemActivity {
 /// The activity kinds tracing starts with (at depth 0), for memory activity `mem` and the kinds
 /// switched with kernel activity `with_kernels` ([`Shim::kinds_with_kernels`]): graph-level
 /// records, and memory activity where it is on at every depth. Not where it goes with kernel
-/// activity: once kernel tracing is switched at drained moments, memory activity is too, so
-/// tracing that starts again (after a release: `slo_probe.cupti_released()`, torch.profiler)
-/// starts without it (it did start with it, on until the next window ended). Memory records
-/// still came in the GPU-bound eager 16x512 A/B's default blocks without a window with this
-/// (+0.62%, H100, 2026-12-06, `bench/results/overhead-2026-12-06` call 2): another switch
-/// leaves memory activity on there, not found yet (`SLO_PROBE_SHIM_LOG=1` says each).
+/// activity (the planner's latch, [`depth::Planner::mem_with_kernels`]): tracing that starts
+/// again after a release (`slo_probe.cupti_released()`, torch.profiler) starts without it.
 fn start_kinds(mem: MemActivity, with_kernels: &[u32]) -> Vec<u32> {
     let mut kinds = vec![activity::KIND_GRAPH_TRACE];
     if mem == MemActivity::On && with_kernels.is_empty() {
@@ -633,6 +631,7 @@ fn shim() -> &'static Shim {
             script_request: AtomicU64::new(0),
             control: Mutex::new(Control::new(depth::Planner::new(cfg, now_ns()))),
             mem_activity,
+            mem_follows: AtomicBool::new(false),
             buffers_cfg: BufferCfg::from_env(),
             counters: Counters::default(),
             drain,
@@ -658,12 +657,12 @@ fn shim() -> &'static Shim {
 
 impl Shim {
     /// The activity kinds switched on and off with kernel activity: memory activity's where
-    /// `SLO_PROBE_MEM_ACTIVITY=window`, or once kernel activity is switched at drained moments
-    /// (on since the start until then, and switched with it from a moment it is on as well;
-    /// the status bit `STATUS_DRAINED_SWITCHING` says which, set before the first such switch).
+    /// `SLO_PROBE_MEM_ACTIVITY=window`, or once the planner lets it go with kernel activity
+    /// ([`depth::Planner::mem_with_kernels`]: on since the start until then, and switched with
+    /// it from a moment it is on as well; `mem_follows` says which, set before the first such
+    /// switch).
     pub(crate) fn kinds_with_kernels(&self) -> &'static [u32] {
-        let drains = self.status.load(Ordering::Relaxed) & STATUS_DRAINED_SWITCHING != 0;
-        if self.mem_activity == MemActivity::On && drains {
+        if self.mem_activity == MemActivity::On && self.mem_follows.load(Ordering::Acquire) {
             MemActivity::WithKernels.with_kernels()
         } else {
             self.mem_activity.with_kernels()
@@ -1761,7 +1760,7 @@ mod tests {
         let g = activity::KIND_GRAPH_TRACE;
         let (m, s) = (activity::KIND_MEMCPY, activity::KIND_MEMSET);
         assert_eq!(start_kinds(MemActivity::On, &[]), vec![g, m, s]);
-        // Drained switching latched: memory activity goes with kernel activity.
+        // Latched: memory activity goes with kernel activity.
         let drains = MemActivity::WithKernels.with_kernels();
         assert_eq!(start_kinds(MemActivity::On, drains), vec![g]);
         assert_eq!(start_kinds(MemActivity::WithKernels, drains), vec![g]);
