@@ -503,7 +503,9 @@ impl Planner {
     /// Whether memory activity (where it is on) is switched with kernel activity from now on,
     /// off at depth 0: once kernel tracing is switched at drained moments ([`Planner::drains`]),
     /// or once a hold (the opening one) ended with the queue measured shallow, where switching
-    /// strands no record. Until then it is on from the start, at every depth. On an H100
+    /// strands no record, in a job that marks its steps (without markers the copies and fills
+    /// are its iteration clock, `core/src/gputrace/cycle.rs`). Until then it is on from the
+    /// start, at every depth. On an H100
     /// (2026-12-06, `bench/results/overhead-2026-12-06` calls 1, 2 and 4) a GPU-bound eager job
     /// whose queue the planner never judged deep (20-step blocks, each ended by a sync, after a
     /// launch-bound phase) kept it on at depth 0, and its memcpy/memset records cost it +0.6%
@@ -757,8 +759,9 @@ impl Planner {
         self.draining |= deep;
         if costly || barren || shallow || deep {
             // Ended on a queue measured shallow now (a launch-bound job's opening hold ends
-            // on its cost, with the lag near 0).
-            self.shallow_seen |= low && !deep;
+            // on its cost, with the lag near 0), in a job that marks its steps: without markers
+            // the copies and fills traced at every depth are its iteration clock.
+            self.shallow_seen |= low && !deep && !self.millis;
             self.held = None;
             self.resume_windows(o);
             if h.opening {
@@ -1769,6 +1772,10 @@ mod tests {
         assert!(
             (OPENING_HOLD_MAX_NS..OPENING_HOLD_MAX_NS + SEC).contains(&ended),
             "{ended}"
+        );
+        assert!(
+            !p.mem_with_kernels(),
+            "without markers memory activity stays on: the iteration clock"
         );
     }
 
