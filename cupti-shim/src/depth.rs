@@ -505,11 +505,12 @@ impl Planner {
     /// or once a hold (the opening one) ended with the queue measured shallow, where switching
     /// strands no record, in a job that marks its steps (without markers the copies and fills
     /// are its iteration clock, `core/src/gputrace/cycle.rs`). Until then it is on from the
-    /// start, at every depth. On an H100
-    /// (2026-12-06, `bench/results/overhead-2026-12-06` calls 1, 2 and 4) a GPU-bound eager job
+    /// start, at every depth. On an H100 (2026-12-06, `bench/results/overhead-2026-12-06`
+    /// calls 1–2, and the switch log of `overhead-2026-12-06b` call 1) a GPU-bound eager job
     /// whose queue the planner never judged deep (20-step blocks, each ended by a sync, after a
     /// launch-bound phase) kept it on at depth 0, and its memcpy/memset records cost it +0.6%
-    /// on the GPU. A latch: it never goes back.
+    /// on the GPU; with this, no memory record at depth 0 and +0.18% (`overhead-2026-12-06b`
+    /// call 3). A latch: it never goes back.
     pub fn mem_with_kernels(&self) -> bool {
         self.draining || self.shallow_seen
     }
