@@ -544,7 +544,9 @@ def main() -> int:
     if args.dry_run:
         args.sizes = "2x16"
         args.dim, args.layers, args.heads, args.vocab = 32, 2, 2, 128
-        args.warmup, args.blocks, args.block_steps, args.block_warm = 2, 3, 5, 1
+        # Rounds as asked, up to 12: 5 or more give the summary's intervals.
+        args.blocks = min(args.blocks, 12)
+        args.warmup, args.block_steps, args.block_warm = 2, 5, 1
         args.profiler_blocks = min(args.profiler_blocks, 1)
         args.toggles = min(args.toggles, 2)
         args.steps = min(args.steps, 20)
