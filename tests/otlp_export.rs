@@ -247,10 +247,36 @@ impl Drop for Procs {
     }
 }
 
-/// The agent (no eBPF), with the config given and extra environment.
+/// The agent (no eBPF), with the config given and extra environment, once it serves. The port
+/// `free_addr` found free can be taken before the agent binds it (by an outgoing connection of
+/// another test running beside this one: CI saw "Address already in use" once): an agent that
+/// exits before it serves is started again on another port.
 fn agent(dir: &Path, otlp: &str, env: &[(&str, String)]) -> (Child, SocketAddr) {
+    for _ in 0..5 {
+        let (mut child, listen) = agent_on(dir, otlp, env, free_addr());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                break; // exited before it served: another port
+            }
+            if http_get(listen, "/metrics").is_ok_and(|(code, _)| code == 200)
+                || Instant::now() >= deadline
+            {
+                return (child, listen);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    panic!("the agent exited before it served, on five ports in a row");
+}
+
+fn agent_on(
+    dir: &Path,
+    otlp: &str,
+    env: &[(&str, String)],
+    listen: SocketAddr,
+) -> (Child, SocketAddr) {
     let socket = dir.join("shim.sock");
-    let listen = free_addr();
     let config = dir.join("agent.toml");
     std::fs::write(
         &config,
