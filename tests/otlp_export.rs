@@ -253,7 +253,8 @@ impl Drop for Procs {
 /// exits before it serves is started again on another port.
 fn agent(dir: &Path, otlp: &str, env: &[(&str, String)]) -> (Child, SocketAddr) {
     for _ in 0..5 {
-        let (mut child, listen) = agent_on(dir, otlp, env, free_addr());
+        let listen = free_addr();
+        let mut child = agent_on(dir, otlp, env, listen);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if matches!(child.try_wait(), Ok(Some(_))) {
@@ -270,12 +271,8 @@ fn agent(dir: &Path, otlp: &str, env: &[(&str, String)]) -> (Child, SocketAddr) 
     panic!("the agent exited before it served, on five ports in a row");
 }
 
-fn agent_on(
-    dir: &Path,
-    otlp: &str,
-    env: &[(&str, String)],
-    listen: SocketAddr,
-) -> (Child, SocketAddr) {
+/// The agent (no eBPF) listening on `listen`, as started.
+fn agent_on(dir: &Path, otlp: &str, env: &[(&str, String)], listen: SocketAddr) -> Child {
     let socket = dir.join("shim.sock");
     let config = dir.join("agent.toml");
     std::fs::write(
@@ -305,7 +302,7 @@ fn agent_on(
     for (k, v) in env {
         cmd.env(k, v);
     }
-    (cmd.spawn().expect("slo-probe agent"), listen)
+    cmd.spawn().expect("slo-probe agent")
 }
 
 /// A python training loop with the real shim: `fast` steps of 20 ms, then 45 ms ones.

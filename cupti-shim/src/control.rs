@@ -742,15 +742,15 @@ impl Shim {
         }
         let lag_ms = o.gpu_lag_ns as f64 / 1e6;
         let began_draining = c.planner.drains() && !was_draining;
-        if c.planner.mem_with_kernels() && !self.mem_follows.swap(true, Ordering::AcqRel) {
-            // Before any switch: memory activity goes with kernel activity from here on
-            // (`Shim::kinds_with_kernels`).
-            if self.mem_activity == crate::MemActivity::On && !began_draining && self.log {
-                say!(
-                    "memory activity switched with kernel activity from now on: the GPU runs \
-                     {lag_ms:.1} ms behind its launches"
-                );
-            }
+        // Before any switch: memory activity goes with kernel activity from here on
+        // (`Shim::kinds_with_kernels`); said below where drained switching begins.
+        let latched =
+            c.planner.mem_with_kernels() && !self.mem_follows.swap(true, Ordering::AcqRel);
+        if latched && !began_draining && self.log && self.mem_activity == crate::MemActivity::On {
+            say!(
+                "memory activity switched with kernel activity from now on: the GPU runs \
+                 {lag_ms:.1} ms behind its launches"
+            );
         }
         if began_draining {
             self.set_status(STATUS_DRAINED_SWITCHING, true);
