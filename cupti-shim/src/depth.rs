@@ -515,6 +515,23 @@ impl Planner {
         self.draining || self.shallow_seen
     }
 
+    /// Whether depth 0 may go quiet now (`SLO_PROBE_QUIET_IDLE`, see `control::quiet_cupti`):
+    /// between sample windows of a job that marks its steps (they time its iterations), whose
+    /// queue was measured shallow at the end of a hold (kernel tracing is switched from the
+    /// flusher then, without a drained moment), that is not held or pinned on, and that has
+    /// launched no CUDA graph (their graph records are its GPU timing at depth 0). A job that
+    /// starts launching graphs later is seen in its next window and stays loud from then on.
+    pub fn may_quiet(&self, o: &Observed) -> bool {
+        !self.millis
+            && self.shallow_seen
+            && !self.draining
+            && self.held.is_none()
+            && self.pinned.is_none()
+            && self.window.is_none()
+            && o.graph_launches == 0
+            && o.graph_records == 0
+    }
+
     /// Whether a deep queue seen now turns to drained switching instead of the hold: with
     /// [`Config::drain_deep`], for a job that marks its steps (without markers its kernels are
     /// its iteration clock).
@@ -1834,6 +1851,54 @@ mod tests {
         }
         assert!(ended, "the hold never ended on its cost");
         assert!(!p.mem_with_kernels() && !p.drains());
+    }
+
+    #[test]
+    fn depth_zero_may_go_quiet_between_windows_of_a_marked_job_without_graphs() {
+        let mut job = Job::new(8 * MS, 400);
+        let mut p = Planner::new(Config::default(), job.o.now_ns);
+        assert!(
+            !p.may_quiet(&job.o),
+            "the opening hold: nothing measured yet"
+        );
+        let mut quiet_at = 0;
+        let mut plan = p.plan(&job.o);
+        for _ in 0..2_000 {
+            job.step(plan.depth);
+            plan = p.plan(&job.o);
+            if p.may_quiet(&job.o) {
+                assert_eq!(plan.depth, DEPTH_TIMING, "quiet only at depth 0");
+                quiet_at += 1;
+            }
+        }
+        assert!(p.windows() > 3, "{}", p.windows());
+        assert!(
+            quiet_at > 1_500,
+            "quiet between windows: {quiet_at} of 2000 steps"
+        );
+        // The same job once it has launched a CUDA graph: never quiet again.
+        job.graphs = 1;
+        for _ in 0..500 {
+            job.step(plan.depth);
+            plan = p.plan(&job.o);
+            assert!(!p.may_quiet(&job.o));
+        }
+        // Without step markers (the same steps, their clock from the records): never quiet.
+        let mut o = Observed {
+            now_ns: SEC,
+            ..Default::default()
+        };
+        let mut p = Planner::new(Config::default(), o.now_ns);
+        for _ in 0..2_000 {
+            let depth = p.plan(&o).depth;
+            assert!(!p.may_quiet(&o));
+            o.now_ns += 8 * MS;
+            o.kernel_launches += 400;
+            if depth >= DEPTH_KERNELS {
+                o.kernel_records += 400;
+                o.callback_ns += 400 * 700;
+            }
+        }
     }
 
     #[test]

@@ -62,7 +62,7 @@ use std::{
     panic::{catch_unwind, AssertUnwindSafe},
     path::PathBuf,
     sync::{
-        atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering},
         Mutex, OnceLock,
     },
     thread::Thread,
@@ -90,8 +90,8 @@ use transport::Transport;
 const DOMAIN_DRIVER: u32 = 1;
 const DOMAIN_RUNTIME: u32 = 2;
 const DOMAIN_RESOURCE: u32 = 3;
-const CBID_GRAPHNODE_CREATED: u32 = 13;
-const CBID_GRAPHNODE_CLONED: u32 = 20;
+pub(crate) const CBID_GRAPHNODE_CREATED: u32 = 13;
+pub(crate) const CBID_GRAPHNODE_CLONED: u32 = 20;
 /// `CUPTI_ACTIVITY_FLAG_FLUSH_FORCED`.
 pub(crate) const FLUSH_FORCED: u32 = 1;
 
@@ -273,6 +273,8 @@ struct Counters {
     /// (the GPU drained), and those that waited for one in vain (`SLO_PROBE_TOGGLE_AT_SYNC`).
     drained_switches: AtomicU64,
     drain_timeouts: AtomicU64,
+    /// Times depth 0 went quiet or loud again (`control::quiet_cupti`).
+    quiet_switches: AtomicU64,
 }
 
 struct Shim {
@@ -322,6 +324,11 @@ struct Shim {
     counters: Counters,
     /// Kernel activity switched only where the GPU has drained (see [`control::Drain`]).
     pub(crate) drain: control::Drain,
+    /// Depth 0 goes quiet between sample windows where the planner allows it
+    /// (`SLO_PROBE_QUIET_IDLE`, default 0; see `control::quiet_cupti`).
+    pub(crate) quiet_idle: bool,
+    /// Whether it is now (`control::QUIET_*`), for the flusher's flushes.
+    pub(crate) quiet: AtomicU8,
     log: bool,
 }
 
@@ -635,6 +642,8 @@ fn shim() -> &'static Shim {
             buffers_cfg: BufferCfg::from_env(),
             counters: Counters::default(),
             drain,
+            quiet_idle: env_flag("SLO_PROBE_QUIET_IDLE"),
+            quiet: AtomicU8::new(control::QUIET_NO),
             log,
         };
         if let Some(t) = &s.transport {
@@ -754,28 +763,14 @@ impl Shim {
                 self.set_status(STATUS_LOST_RACE, false);
                 self.subscriber.store(sub, Ordering::Release);
                 // Graph launches always (one callback per replay); kernel launches only at
-                // depth 1 and 2 (`control::Shim::switch`).
-                for cbid in control::DRIVER_GRAPH_CBIDS {
-                    (api.cuptiEnableCallback)(1, sub, DOMAIN_DRIVER, cbid);
-                }
-                for cbid in control::RUNTIME_GRAPH_CBIDS {
-                    (api.cuptiEnableCallback)(1, sub, DOMAIN_RUNTIME, cbid);
-                }
-                for cbid in [CBID_GRAPHNODE_CREATED, CBID_GRAPHNODE_CLONED] {
-                    (api.cuptiEnableCallback)(1, sub, DOMAIN_RESOURCE, cbid);
-                }
-                if self.drain.enabled {
-                    for cbid in control::DRIVER_SYNC_CBIDS {
-                        (api.cuptiEnableCallback)(1, sub, DOMAIN_DRIVER, cbid);
-                    }
-                }
-                // Copies and fills name their operator at every depth (their records come
-                // at every depth).
-                if self.mem_activity != MemActivity::Off {
-                    for cbid in control::RUNTIME_COPY_CBIDS {
-                        (api.cuptiEnableCallback)(1, sub, DOMAIN_RUNTIME, cbid);
-                    }
-                }
+                // depth 1 and 2 (`control::Shim::switch`). Copies and fills name their
+                // operator at every depth (their records come at every depth).
+                control::base_callbacks(
+                    api,
+                    sub,
+                    self.drain.enabled,
+                    self.mem_activity != MemActivity::Off,
+                );
             }
             self.set_delivery(api);
             let r = (api.cuptiActivityRegisterCallbacks)(buffer_requested, buffer_completed);
@@ -795,7 +790,9 @@ impl Shim {
             depth: DEPTH_TIMING,
             reason: DEPTH_REASON_DEFAULT,
             domains: 0,
+            quiet: false,
         };
+        self.quiet.store(control::QUIET_NO, Ordering::Relaxed);
         let o = self.observe();
         self.record_depth(o.now_ns, DEPTH_TIMING, DEPTH_REASON_DEFAULT);
         self.apply_plan(api, c, &o);
@@ -1401,10 +1398,21 @@ fn flusher() {
 }
 
 fn flush_once(s: &Shim, flushes: u64) {
-    if s.tracing() && !EXITING.load(Ordering::Acquire) {
+    // Quiet at depth 0 (`control::quiet_cupti`): one flush returns what the window left in
+    // CUPTI's buffers; after it nothing is traced, and nothing is flushed.
+    let quiet = s.quiet.load(Ordering::Relaxed);
+    if s.tracing() && !EXITING.load(Ordering::Acquire) && quiet != control::QUIET_FLUSHED {
         if let Some(api) = &s.api {
             // SAFETY: never called from a CUPTI callback; one flusher thread.
             unsafe { (api.cuptiActivityFlushAll)(0) };
+        }
+        if quiet == control::QUIET_UNFLUSHED {
+            let _ = s.quiet.compare_exchange(
+                control::QUIET_UNFLUSHED,
+                control::QUIET_FLUSHED,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
         }
     }
     if let Ok(mut w) = s.writer.lock() {
@@ -1702,6 +1710,7 @@ pub unsafe extern "C" fn slo_probe_debug_counters(out: *mut u64, n: usize) -> us
             r(&c.holds),
             r(&c.drained_switches),
             r(&c.drain_timeouts),
+            r(&c.quiet_switches),
         ];
         if !out.is_null() {
             for (i, v) in all.iter().enumerate().take(n) {

@@ -254,6 +254,7 @@ DEBUG_COUNTERS = (
     "holds",
     "drained_switches",
     "drain_timeouts",
+    "quiet_switches",
 )
 
 
