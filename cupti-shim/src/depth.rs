@@ -515,7 +515,8 @@ impl Planner {
         self.draining || self.shallow_seen
     }
 
-    /// Whether depth 0 may go quiet now (`SLO_PROBE_QUIET_IDLE`, see `control::quiet_cupti`):
+    /// Whether depth 0 may go quiet now (`SLO_PROBE_QUIET_IDLE`, default on; see
+    /// `control::quiet_cupti`):
     /// between sample windows of a job that marks its steps (they time its iterations), whose
     /// queue was measured shallow at the end of a hold (kernel tracing is switched from the
     /// flusher then, without a drained moment), that is not held or pinned on, and that has
