@@ -410,6 +410,8 @@ pub struct Control {
     pub applied: Applied,
     agent_generation: u32,
     script_generation: u32,
+    /// CUPTI refused to make depth 0 quiet once: it stays loud (no retry at every tick).
+    quiet_refused: bool,
 }
 
 impl Control {
@@ -427,6 +429,7 @@ impl Control {
             },
             agent_generation: 0,
             script_generation: 0,
+            quiet_refused: false,
         }
     }
 }
@@ -886,6 +889,7 @@ impl Shim {
         // raise, and as soon as it no longer does (a graph seen in a window, markers gone).
         let sub = self.subscriber.load(Ordering::Acquire);
         let quiet_ok = self.quiet_idle
+            && !c.quiet_refused
             && !sub.is_null()
             && (self.mem_activity == crate::MemActivity::Off
                 || !self.kinds_with_kernels().is_empty())
@@ -963,8 +967,9 @@ impl Shim {
         plan.wake_ns
     }
 
-    /// Depth 0 quiet or loud again ([`quiet_cupti`]), counted in the switching time; a
-    /// failure is said the first few times and leaves it loud (retried at the next tick).
+    /// Depth 0 quiet or loud again ([`quiet_cupti`]), counted in the switching time. A
+    /// failure is said the first few times; one to go quiet leaves it loud for good, one to go
+    /// loud is tried again at the next tick.
     fn set_quiet(&self, api: &Cupti, c: &mut Control, sub: *mut c_void, on: bool) {
         let t0 = now_ns();
         let sync = self.drain.enabled;
@@ -994,6 +999,7 @@ impl Shim {
                     // Half done: everything back on (the calls that went through).
                     // SAFETY: as above.
                     let _ = unsafe { quiet_cupti(api, sub, false, sync, copies) };
+                    c.quiet_refused = true;
                 }
                 if self.counters.switch_errors.fetch_add(1, Ordering::Relaxed) < 3 {
                     say!(
