@@ -122,8 +122,24 @@ use std::{
 
 use slo_probe_tests::hostile::{self, HostileRing, Rng};
 
-/// The memory bound: resident set of the agent at any time under the attacks below.
+/// The memory bound: resident set of the agent at any time under the attacks below, for a
+/// release build (`SLO_PROBE_BIN`, or this workspace's built with `--release`; 47 MiB at most
+/// here, 2026-12-06).
 const RSS_BOUND: u64 = 64 << 20;
+/// The same for the debug build that `cargo test` makes (the README's test command): it starts
+/// 14 MiB larger, drains a flood more slowly, and peaked at 63–66 MiB (a clean-clone CI run,
+/// 2026-12-06: 66.4 MiB just after the flood of copies, back to 27 MiB).
+const RSS_BOUND_DEBUG: u64 = 80 << 20;
+
+/// The bound for the agent under test: a debug build only where this workspace's is used.
+fn rss_bound() -> u64 {
+    let given = std::env::var_os("SLO_PROBE_BIN").is_some_and(|b| !b.is_empty());
+    if cfg!(debug_assertions) && !given {
+        RSS_BOUND_DEBUG
+    } else {
+        RSS_BOUND
+    }
+}
 /// How far above its start the agent's resident set may stay once the hostile clients are gone.
 const RSS_SETTLED: u64 = 12 << 20;
 /// Scrapes under the attacks answer within this: at least [`SCRAPE_SHARE`] of them in every
@@ -484,7 +500,7 @@ fn hostile_clients_neither_bloat_nor_stall_the_agent() {
     for p in &phases {
         assert!(p.failed == 0, "{}: {} scrapes failed", p.name, p.failed);
         assert!(
-            p.max_rss <= RSS_BOUND,
+            p.max_rss <= rss_bound(),
             "{}: RSS {} MiB",
             p.name,
             p.max_rss >> 20
