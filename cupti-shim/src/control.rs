@@ -396,8 +396,6 @@ pub struct Applied {
     pub reason: u32,
     /// Kernel-launch callback domains enabled (`depth::DRIVER | RUNTIME` bits).
     pub domains: u32,
-    /// Depth 0 made quiet ([`quiet_cupti`]).
-    pub quiet: bool,
 }
 
 /// The depth state, behind a mutex taken by the flusher and by release/reacquire only.
@@ -425,7 +423,6 @@ impl Control {
                 depth: DEPTH_OFF,
                 reason: DEPTH_REASON_DEFAULT,
                 domains: 0,
-                quiet: false,
             },
             agent_generation: 0,
             script_generation: 0,
@@ -888,13 +885,13 @@ impl Shim {
         // Quiet at depth 0 where the planner allows it (`quiet_cupti`); loud again before a
         // raise, and as soon as it no longer does (a graph seen in a window, markers gone).
         let sub = self.subscriber.load(Ordering::Acquire);
-        let quiet_ok = self.quiet_idle
-            && !c.quiet_refused
+        let quiet = self.quiet.load(Ordering::Relaxed) != QUIET_NO;
+        let quiet_ok = !c.quiet_refused
             && !sub.is_null()
             && (self.mem_activity == crate::MemActivity::Off
                 || !self.kinds_with_kernels().is_empty())
             && c.planner.may_quiet(o);
-        if c.applied.quiet && (plan.depth > DEPTH_TIMING || !quiet_ok) {
+        if quiet && (plan.depth > DEPTH_TIMING || !quiet_ok) {
             self.set_quiet(api, c, sub, false);
         }
         let mut before = now_ns();
@@ -939,7 +936,7 @@ impl Shim {
             }
         }
         if quiet_ok
-            && !c.applied.quiet
+            && self.quiet.load(Ordering::Relaxed) == QUIET_NO
             && plan.depth == DEPTH_TIMING
             && c.applied.depth == DEPTH_TIMING
         {
@@ -979,7 +976,6 @@ impl Shim {
         let r = unsafe { quiet_cupti(api, sub, on, sync, copies) };
         match r {
             Ok(()) => {
-                c.applied.quiet = on;
                 let state = if on { QUIET_UNFLUSHED } else { QUIET_NO };
                 self.quiet.store(state, Ordering::Relaxed);
                 let n = self.counters.quiet_switches.fetch_add(1, Ordering::Relaxed);
@@ -1061,7 +1057,6 @@ impl Shim {
             depth: DEPTH_OFF,
             reason: DEPTH_REASON_RELEASED,
             domains: 0,
-            quiet: false,
         };
         self.quiet.store(QUIET_NO, Ordering::Relaxed);
         let o = self.observe();
@@ -1217,7 +1212,6 @@ mod tests {
             depth: DEPTH_TIMING,
             reason: 0,
             domains: 0,
-            quiet: false,
         }
     }
 

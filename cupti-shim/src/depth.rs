@@ -142,6 +142,10 @@ pub struct Config {
     /// instead, from then on (the exit of a synchronising call, [`Planner::drains`]); set by
     /// the shim from `SLO_PROBE_TOGGLE_AT_SYNC` (default on; `0` keeps the hold).
     pub drain_deep: bool,
+    /// Depth 0 goes quiet between sample windows where [`Planner::may_quiet`] allows it
+    /// (`SLO_PROBE_QUIET_IDLE`, default on; `0` or `false` keeps it loud; see
+    /// `control::quiet_cupti`).
+    pub quiet_idle: bool,
 }
 
 impl Default for Config {
@@ -164,6 +168,7 @@ impl Default for Config {
             graph_floor: true,
             graph_nodes: false,
             drain_deep: false,
+            quiet_idle: true,
         }
     }
 }
@@ -228,6 +233,15 @@ impl Config {
             match parse_depth(&v) {
                 Some(d) => c.base = d,
                 None => bad.push(("SLO_PROBE_DEPTH".into(), v)),
+            }
+        }
+        if let Some(v) = get("SLO_PROBE_QUIET_IDLE") {
+            if flag(&v) {
+                c.quiet_idle = true;
+            } else if v == "0" || v.eq_ignore_ascii_case("false") {
+                c.quiet_idle = false;
+            } else {
+                bad.push(("SLO_PROBE_QUIET_IDLE".into(), v));
             }
         }
         if let Some(v) = get("SLO_PROBE_SAMPLE") {
@@ -515,15 +529,15 @@ impl Planner {
         self.draining || self.shallow_seen
     }
 
-    /// Whether depth 0 may go quiet now (`SLO_PROBE_QUIET_IDLE`, default on; see
-    /// `control::quiet_cupti`):
+    /// Whether depth 0 may go quiet now ([`Config::quiet_idle`], `control::quiet_cupti`):
     /// between sample windows of a job that marks its steps (they time its iterations), whose
     /// queue was measured shallow at the end of a hold (kernel tracing is switched from the
     /// flusher then, without a drained moment), that is not held or pinned on, and that has
     /// launched no CUDA graph (their graph records are its GPU timing at depth 0). A job that
     /// starts launching graphs later is seen in its next window and stays loud from then on.
     pub fn may_quiet(&self, o: &Observed) -> bool {
-        !self.millis
+        self.cfg.quiet_idle
+            && !self.millis
             && self.shallow_seen
             && !self.draining
             && self.held.is_none()
@@ -1153,6 +1167,19 @@ mod tests {
         let (c, bad) = Config::from_env(env(&[("SLO_PROBE_GRAPH_NODES", "yes")]));
         assert!(!c.graph_nodes);
         assert_eq!(bad.len(), 1);
+    }
+
+    #[test]
+    fn depth_zero_goes_quiet_unless_turned_off() {
+        let quiet = |v: &str| {
+            let (c, bad) = Config::from_env(env(&[("SLO_PROBE_QUIET_IDLE", v)]));
+            (c.quiet_idle, bad.is_empty())
+        };
+        assert!(Config::default().quiet_idle, "on by default");
+        assert_eq!(quiet("0"), (false, true));
+        assert_eq!(quiet("FALSE"), (false, true));
+        assert_eq!(quiet("1"), (true, true));
+        assert_eq!(quiet("sometimes"), (true, false));
     }
 
     /// Windows only: no hold at the start.

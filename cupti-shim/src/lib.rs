@@ -324,10 +324,8 @@ struct Shim {
     counters: Counters,
     /// Kernel activity switched only where the GPU has drained (see [`control::Drain`]).
     pub(crate) drain: control::Drain,
-    /// Depth 0 goes quiet between sample windows where the planner allows it
-    /// (`SLO_PROBE_QUIET_IDLE`, default 1; see `control::quiet_cupti`).
-    pub(crate) quiet_idle: bool,
-    /// Whether it is now (`control::QUIET_*`), for the flusher's flushes.
+    /// Whether depth 0 is quiet now (`control::QUIET_*`; see `control::quiet_cupti`): read by
+    /// the flusher's flushes without the control lock.
     pub(crate) quiet: AtomicU8,
     log: bool,
 }
@@ -504,30 +502,6 @@ fn env_flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| flag_on(&v))
 }
 
-/// `SLO_PROBE_QUIET_IDLE`: on unless `0` or `false` (see `control::quiet_cupti`).
-fn quiet_idle_from_env() -> bool {
-    let v = std::env::var("SLO_PROBE_QUIET_IDLE").ok();
-    let (on, valid) = quiet_idle_of(v.as_deref());
-    if !valid {
-        say!(
-            "SLO_PROBE_QUIET_IDLE={} is not valid; using the default (1)",
-            v.unwrap_or_default()
-        );
-    }
-    on
-}
-
-/// Whether depth 0 goes quiet for the value `v` of `SLO_PROBE_QUIET_IDLE`, and whether `v` was
-/// valid: on when unset.
-fn quiet_idle_of(v: Option<&str>) -> (bool, bool) {
-    match v {
-        None => (true, true),
-        Some(v) if flag_on(v) => (true, true),
-        Some(v) if v == "0" || v.eq_ignore_ascii_case("false") => (false, true),
-        Some(_) => (true, false),
-    }
-}
-
 /// A switch's value that turns it on: `1` or `true`.
 pub(crate) fn flag_on(v: &str) -> bool {
     v == "1" || v.eq_ignore_ascii_case("true")
@@ -666,7 +640,6 @@ fn shim() -> &'static Shim {
             buffers_cfg: BufferCfg::from_env(),
             counters: Counters::default(),
             drain,
-            quiet_idle: quiet_idle_from_env(),
             quiet: AtomicU8::new(control::QUIET_NO),
             log,
         };
@@ -814,7 +787,6 @@ impl Shim {
             depth: DEPTH_TIMING,
             reason: DEPTH_REASON_DEFAULT,
             domains: 0,
-            quiet: false,
         };
         self.quiet.store(control::QUIET_NO, Ordering::Relaxed);
         let o = self.observe();
@@ -1788,15 +1760,6 @@ mod tests {
     /// Tracing starts with memory activity only where it is on at every depth: not once it is
     /// switched with kernel activity (drained switching, or `SLO_PROBE_MEM_ACTIVITY=window`),
     /// so that tracing started again after a release leaves it off at depth 0.
-    #[test]
-    fn depth_zero_goes_quiet_unless_turned_off() {
-        assert_eq!(quiet_idle_of(None), (true, true), "on by default");
-        assert_eq!(quiet_idle_of(Some("0")), (false, true));
-        assert_eq!(quiet_idle_of(Some("FALSE")), (false, true));
-        assert_eq!(quiet_idle_of(Some("1")), (true, true));
-        assert_eq!(quiet_idle_of(Some("sometimes")), (true, false));
-    }
-
     #[test]
     fn tracing_starts_with_memory_activity_only_where_it_stays_on() {
         let g = activity::KIND_GRAPH_TRACE;
