@@ -15,6 +15,10 @@
 //!   so a job with 1.6 ms steps is judged against its own 1.6 ms, not a 1200 ms default. The
 //!   baseline then follows healthy windows slowly.
 //!
+//! A P99 is judged by the lowest value the window's P99 can have at 99% confidence (its
+//! values over the threshold must be more than a 1% tail gives by chance); the value shown is
+//! the window's P99.
+//!
 //! A violation opens after [`SloSpec::breach_windows`] consecutive breaching windows (never on
 //! a default threshold during learning) and closes after [`SloSpec::clear_windows`]
 //! consecutive windows back within the threshold by a 5% margin (hysteresis). Its severity is
