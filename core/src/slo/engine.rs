@@ -140,7 +140,7 @@ impl Node {
         if self.spec.stat != Stat::P99 || !self.spec.metric.per_iteration() || count == 0 {
             return value;
         }
-        let k = tail_count(count, 0.01, 0.01);
+        let k = tail_count(count);
         // The (count - k + 1)-th smallest value (the half keeps the ceiling off float error).
         let q = (count - k) as f64 + 0.5;
         let lowest = h.value_at_quantile(q / count as f64) as f64 / self.spec.metric.scale();
@@ -205,21 +205,24 @@ fn sliding_stats(windows: &VecDeque<Vec<u64>>, scale: f64) -> Option<(f64, f64, 
     Some((p50 / scale, p99 / scale, mean / scale))
 }
 
-/// The least `k` with P(X ≥ k) ≤ `alpha` for X ~ Binomial(`n`, `p`): of `n` values drawn from a
-/// distribution whose (1 − `p`) quantile is t, `k` or more over t happen with probability at most
-/// `alpha` (normal approximation with continuity correction where n·p > 50).
-fn tail_count(n: u64, p: f64, alpha: f64) -> u64 {
-    let mean = n as f64 * p;
+/// The least `k` with P(X ≥ k) ≤ 1% for X ~ Binomial(`n`, 1%): of `n` values drawn from a
+/// distribution whose P99 is t, `k` or more over t happen by chance at most 1% of the time
+/// (normal approximation with continuity correction where the mean is over 50, the exact sum
+/// underflowing there).
+fn tail_count(n: u64) -> u64 {
+    const P: f64 = 0.01;
+    const ALPHA: f64 = 0.01;
+    /// The standard normal's quantile at 1 − ALPHA.
+    const Z: f64 = 2.326;
+    let mean = n as f64 * P;
     if mean > 50.0 {
-        // z of 1 − alpha for the alphas used (0.01: 2.326).
-        let z = 2.326;
-        return ((mean + z * (mean * (1.0 - p)).sqrt() + 0.5).ceil() as u64).clamp(1, n);
+        return ((mean + Z * (mean * (1.0 - P)).sqrt() + 0.5).ceil() as u64).clamp(1, n);
     }
-    let mut pmf = (1.0 - p).powf(n as f64);
+    let mut pmf = (1.0 - P).powf(n as f64);
     let mut tail = 1.0 - pmf;
     let mut k = 1;
-    while tail > alpha && k < n {
-        pmf *= (n - k + 1) as f64 / k as f64 * p / (1.0 - p);
+    while tail > ALPHA && k < n {
+        pmf *= (n - k + 1) as f64 / k as f64 * P / (1.0 - P);
         tail -= pmf;
         k += 1;
     }
@@ -1005,13 +1008,13 @@ mod tests {
     #[test]
     fn a_p99_needs_more_slow_iterations_than_chance_gives() {
         // Binomial(n, 1%) tails at 1%: the counts of values over a P99 that happen by chance.
-        assert_eq!(tail_count(1, 0.01, 0.01), 1);
-        assert_eq!(tail_count(10, 0.01, 0.01), 2);
-        assert_eq!(tail_count(24, 0.01, 0.01), 3);
-        assert_eq!(tail_count(100, 0.01, 0.01), 5);
-        assert_eq!(tail_count(1000, 0.01, 0.01), 19);
+        assert_eq!(tail_count(1), 1);
+        assert_eq!(tail_count(10), 2);
+        assert_eq!(tail_count(24), 3);
+        assert_eq!(tail_count(100), 5);
+        assert_eq!(tail_count(1000), 19);
         // The normal approximation takes over where it is close to the sum.
-        let k = tail_count(10_000, 0.01, 0.01);
+        let k = tail_count(10_000);
         assert!((120..=126).contains(&k), "{k}");
         // 10 ms steps (100 a window), 1.5× slower on every `every`-th iteration from 5 s on:
         // two in a window is the P99 of the window but chance; eight a window is not.
