@@ -526,7 +526,11 @@ pub fn slo_report(out: &mut String, s: &slo_probe_core::slo::SloSnapshot) {
                 n.compliance
                     .map_or("-".to_owned(), |c| format!("{:.1}%", 100.0 * c)),
                 num(n.burn_rate),
-                n.state.as_str()
+                if n.past_by_chance() {
+                    "ok (too few iterations over it for a p99 breach)"
+                } else {
+                    n.state.as_str()
+                }
             );
             walk(out, s, &n.name, depth + 1);
         }

@@ -1038,6 +1038,7 @@ mod tests {
                 node.value.is_some_and(|v| v > 14.9),
                 "the value shown is the window's P99"
             );
+            assert_eq!(node.past_by_chance(), !violated, "{node:?}");
         }
     }
 

@@ -146,6 +146,20 @@ pub struct NodeView {
     pub target: f64,
 }
 
+impl NodeView {
+    /// A P99 shown past its threshold in a window judged within it: fewer of the window's
+    /// iterations were over the threshold than a 1% tail gives by chance (see
+    /// [`crate::slo`]).
+    pub fn past_by_chance(&self) -> bool {
+        let past = match (self.value, self.threshold, self.objective) {
+            (Some(v), Some((t, _)), Some(Objective::Below)) => v > t,
+            (Some(v), Some((t, _)), Some(Objective::Above)) => v < t,
+            _ => false,
+        };
+        past && self.stat == Some(Stat::P99) && self.state == NodeState::Ok
+    }
+}
+
 /// The tree at one instant, for exporters, `top` and the healer.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SloSnapshot {
