@@ -63,6 +63,15 @@ fn fixture(answer: &Path) -> Option<(serde_json::Value, std::path::PathBuf)> {
     Some((a, bin))
 }
 
+/// A fixture's name: its answer's folder (`A-11-gpt-eager-launch-healthy`).
+fn name_of(answer: &Path) -> String {
+    answer
+        .parent()
+        .and_then(|d| d.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
 /// The violations a replay opened.
 fn violations_of(r: &replay::Replayed) -> &[Violation] {
     r.process
@@ -153,12 +162,7 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
     let (mut throttled, mut throttled_acted) = (0, 0);
     let mut problems = Vec::new();
     for answer in answers(&tmp) {
-        let dir = answer.parent().expect("folder");
-        let name = dir
-            .file_name()
-            .expect("name")
-            .to_string_lossy()
-            .into_owned();
+        let name = name_of(&answer);
         let Some((a, bin)) = fixture(&answer) else {
             continue;
         };
@@ -232,11 +236,7 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
     let (mut detect_n, mut detect_faults, mut detect_healthy, mut markers_only) = (0, 0, 0, 0);
     let mut detect_missed = Vec::new();
     for answer in answers(&tmp) {
-        let name = answer
-            .parent()
-            .and_then(|d| d.file_name())
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let name = name_of(&answer);
         let Some((a, bin)) = fixture(&answer) else {
             continue;
         };
