@@ -226,6 +226,7 @@ impl Config {
             }
         }
         let flag = |v: &str| v == "1" || v.eq_ignore_ascii_case("true");
+        let off = |v: &str| v == "0" || v.eq_ignore_ascii_case("false");
         if get("SLO_PROBE_DIAGNOSTIC").is_some_and(|v| flag(&v)) {
             c.base = DEPTH_NODES;
         }
@@ -238,14 +239,14 @@ impl Config {
         if let Some(v) = get("SLO_PROBE_QUIET_IDLE") {
             if flag(&v) {
                 c.quiet_idle = true;
-            } else if v == "0" || v.eq_ignore_ascii_case("false") {
+            } else if off(&v) {
                 c.quiet_idle = false;
             } else {
                 bad.push(("SLO_PROBE_QUIET_IDLE".into(), v));
             }
         }
         if let Some(v) = get("SLO_PROBE_SAMPLE") {
-            c.sampling = !(v == "0" || v.eq_ignore_ascii_case("false"));
+            c.sampling = !off(&v);
         }
         if let Some(v) = get("SLO_PROBE_LAUNCH_DOMAIN") {
             c.domains = match v.trim().to_ascii_lowercase().as_str() {
