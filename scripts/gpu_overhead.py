@@ -235,6 +235,11 @@ def _preemptions() -> Optional[int]:
         return None
 
 
+# --markers: how steps are marked, and the label's suffix.
+MARKER_LABELS = {"explicit": "", "none": " (no markers)", "auto": " (automatic markers)"}
+MARKED = True
+
+
 def run_steps(job: Job, n: int, per_step_sync: bool = False) -> Dict[str, Any]:
     """n marked steps; the block's synchronised wall time, and per-step times. Without
     per_step_sync the per-step times are the host's (no sync between steps): a launch-bound job
@@ -249,7 +254,10 @@ def run_steps(job: Job, n: int, per_step_sync: bool = False) -> Dict[str, Any]:
     s0, p0 = _steal_ticks(), _preemptions()
     last = t0
     for _ in range(n):
-        with slo_probe.step():
+        if MARKED:
+            with slo_probe.step():
+                job.step()
+        else:  # --markers none or auto (the latter: slo-probe's bootstrap marks optimizer steps)
             job.step()
         if per_step_sync:
             job.sync()
@@ -419,7 +427,7 @@ def run_ab(args: argparse.Namespace, sizes: List[tuple]) -> int:
                         "traceback": traceback.format_exc()[-4000:]})
 
     for batch, seq in sizes:
-        label = f"{args.mode} {batch}x{seq}"
+        label = f"{args.mode} {batch}x{seq}" + MARKER_LABELS[args.markers]
         if time.time() > args.deadline - args.min_unit_s:
             log(f"{label}: skipped, {args.deadline - time.time():.0f} s left")
             emit(args.out, {"kind": "skipped", "label": label, "mode": args.mode, "why": "time budget"})
@@ -454,6 +462,13 @@ def run_ab(args: argparse.Namespace, sizes: List[tuple]) -> int:
                 "depth_end": slo_probe.depth(),
                 "counters_end": counters(),
                 "env": environment(),
+                "markers": args.markers,
+                # With --markers auto: the index the automatic clock has open (one step begun at
+                # each optimizer step after the first, of every job of this process) and the
+                # optimizer steps this job ran.
+                "auto_installed": slo_probe._autostep._installed,
+                "auto_open_step": slo_probe._autostep.open_step(),
+                "job_steps": getattr(job, "i", None),
             }
             if args.toggles and (batch, seq) == sizes[0] and time.time() < args.deadline:
                 rec["toggles"] = toggles(job, args.toggles, 5, args.wait_s, args.deadline)
@@ -507,6 +522,10 @@ def run_pair(args: argparse.Namespace, sizes: List[tuple]) -> int:
         "counters": delta(c0, counters()) if slo_probe.available() else None,
         "depth_end": slo_probe.depth(),
         "env": environment(),
+        "markers": args.markers,
+        "auto_installed": slo_probe._autostep._installed,
+        "auto_open_step": slo_probe._autostep.open_step(),
+        "job_steps": getattr(job, "i", None),
     })
     log(f"pair {label} ({args.tag}): {len(blocks)} blocks, median {statistics.median(blocks) * 1e3:.3f} ms/step"
         if blocks else f"pair {label} ({args.tag}): no blocks")
@@ -540,7 +559,12 @@ def main() -> int:
     p.add_argument("--min-unit-s", type=float, default=20.0, help="skip a size with less time left")
     p.add_argument("--out", required=True, help="JSON lines file to append to")
     p.add_argument("--dry-run", action="store_true", help="tiny sizes, few steps, CPU or simulated")
+    p.add_argument("--markers", choices=tuple(MARKER_LABELS), default="explicit",
+                   help="ab: slo_probe.step() around each step (explicit), none, or none in the script "
+                        "with slo-probe's bootstrap first on PYTHONPATH marking optimizer steps (auto)")
     args = p.parse_args()
+    global MARKED
+    MARKED = args.markers == "explicit"
     if args.dry_run:
         args.sizes = "2x16"
         args.dim, args.layers, args.heads, args.vocab = 32, 2, 2, 128

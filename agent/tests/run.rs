@@ -175,6 +175,94 @@ fn the_shim_variable_reaches_a_grandchild_and_a_users_own_is_kept() {
     assert_eq!(report(&dir.join("user.json")).injected, None);
 }
 
+/// A stand-in for torch's optimizers, as torch >= 2.0 lays them out: `torch.optim.optimizer`
+/// keeps the global step post-hooks, and `Optimizer.step` runs them after each step.
+const FAKE_TORCH: &[(&str, &str)] = &[
+    ("torch/__init__.py", "from . import optim\n"),
+    (
+        "torch/optim/__init__.py",
+        "from .optimizer import Optimizer\n",
+    ),
+    (
+        "torch/optim/optimizer.py",
+        "_hooks = {}\n\
+         def register_optimizer_step_post_hook(hook):\n    _hooks[len(_hooks)] = hook\n\
+         class Optimizer:\n    def step(self):\n        \
+         for h in list(_hooks.values()):\n            h(self, (), {})\n",
+    ),
+];
+
+/// A script without markers: three steps of one optimizer, one of another; it prints where
+/// `slo_probe` came from and the step the automatic clock has open.
+const UNMARKED: &str = "import torch, slo_probe, os\n\
+    a, b = torch.optim.Optimizer(), torch.optim.Optimizer()\n\
+    for _ in range(3):\n    a.step()\n    b.step()\n\
+    print(os.path.dirname(os.path.dirname(slo_probe.__file__)), \
+    slo_probe._autostep.open_step(), os.environ.get('CHAINED'))\n";
+
+#[test]
+fn a_python_script_without_markers_gets_them_from_its_optimizer() {
+    let python = match Command::new("python3").arg("--version").output() {
+        Ok(o) if o.status.success() => "python3",
+        _ => {
+            eprintln!("skipped: no python3");
+            return;
+        }
+    };
+    let dir = tempdir("autostep");
+    let lib = dir.join("lib");
+    for (rel, text) in FAKE_TORCH {
+        let path = lib.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    // The environment's own sitecustomize, which the bootstrap must still run.
+    let site = dir.join("site");
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::write(
+        site.join("sitecustomize.py"),
+        "import os\nos.environ['CHAINED'] = 'yes'\n",
+    )
+    .unwrap();
+    let pythonpath = format!("{}:{}", lib.display(), site.display());
+    let run = |flags: &[&str], name: &str| {
+        let out = wrapper_with(&dir, name, flags, &[python, "-c", UNMARKED])
+            .env("PYTHONPATH", &pythonpath)
+            .env_remove("SLO_PROBE_SHIM")
+            .env_remove("SLO_PROBE_AUTO_STEPS")
+            .output()
+            .expect("run");
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    // On: the package comes from run's private folder (none is installed here), the clock
+    // counts the first optimizer's steps (begun at its 1st, 2nd, 3rd: index 2 open), and the
+    // environment's sitecustomize ran.
+    let line = run(&[], "auto");
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(fields.len(), 3, "{line}");
+    assert!(
+        fields[0].contains("slo-probe-python-"),
+        "slo_probe from {line}"
+    );
+    assert_eq!(&fields[1..], ["2", "yes"], "{line}");
+    assert!(
+        !Path::new(fields[0]).exists(),
+        "run removes its folder when the command ends"
+    );
+    // Off: no bootstrap, so no package either (the script's import fails).
+    let out = wrapper_with(&dir, "off", &["--no-auto-steps"], &[python, "-c", UNMARKED])
+        .env("PYTHONPATH", &pythonpath)
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("No module named 'slo_probe'"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 /// Starts the wrapper with a command that prints `ready` once it trapped its signals.
 fn start_ready(mut cmd: Command) -> (std::process::Child, mpsc::Receiver<String>) {
     let mut child = cmd.stdout(Stdio::piped()).spawn().expect("run");

@@ -36,7 +36,7 @@ import warnings
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, TypeVar, overload
 
-from . import _strategy
+from . import _autostep, _strategy
 from ._strategy import allocator_fragmentation, compact_if_fragmented, fragmentation_rate, on_strategy
 
 __all__ = [
@@ -348,6 +348,9 @@ class _Step:
             raise RuntimeError(
                 "slo_probe.step(): this marker is already entered; use one step() per iteration"
             )
+        a = _autostep
+        if a._installed and not a._off:
+            a.user_step_began()  # the script marks its own steps: the automatic clock stops
         i = _take_step(self._index)
         s = self._shim = _shim
         if s is not None:

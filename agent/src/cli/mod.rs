@@ -7,6 +7,7 @@ pub mod agent;
 pub mod heal;
 pub mod json;
 pub mod observe;
+pub mod python_boot;
 pub mod replay;
 pub mod report;
 pub mod run;
@@ -83,6 +84,11 @@ pub enum Cmd {
         /// next to this binary is injected with CUDA_INJECTION64_PATH when it exists).
         #[arg(long)]
         no_gpu: bool,
+        /// Do not give a Python command without slo_probe.step() markers its automatic ones
+        /// (one iteration per optimizer.step(), from a sitecustomize put first on PYTHONPATH;
+        /// SLO_PROBE_AUTO_STEPS=0 does the same).
+        #[arg(long)]
+        no_auto_steps: bool,
         /// The command and its arguments (after `--`).
         #[arg(required = true, last = true)]
         command: Vec<String>,
@@ -164,6 +170,11 @@ pub enum Cmd {
         /// Do not inject the CUPTI shim (CUDA_INJECTION64_PATH).
         #[arg(long)]
         no_gpu: bool,
+        /// Do not give a Python command without slo_probe.step() markers its automatic ones
+        /// (one iteration per optimizer.step(), from a sitecustomize put first on PYTHONPATH;
+        /// SLO_PROBE_AUTO_STEPS=0 does the same).
+        #[arg(long)]
+        no_auto_steps: bool,
         /// Start the agent here even if one answers at prometheus.listen, and serve Prometheus
         /// metrics and the state API at this address while the command runs (for `slo-probe
         /// top --url`).
@@ -306,6 +317,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             top,
             json,
             no_gpu,
+            no_auto_steps,
             command,
         } => {
             let mut config = load_config(config.as_ref())?;
@@ -328,6 +340,27 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     .then(|| config.shim.library_path())
                     .flatten(),
                 socket: collector.shim().map(|s| s.path().to_owned()),
+                env: Vec::new(),
+            };
+            // Automatic step markers for a Python script without them (kept until it ends).
+            let python_boot = (!no_gpu && !no_auto_steps)
+                .then(|| {
+                    python_boot::PythonBoot::write()
+                        .map_err(|e| {
+                            log::warn!(
+                                "cannot write the Python bootstrap ({e}): no automatic step \
+                                 markers for a script without slo_probe.step()"
+                            )
+                        })
+                        .ok()
+                })
+                .flatten();
+            let inject = observe::Inject {
+                env: python_boot
+                    .as_ref()
+                    .map(|b| b.env(std::env::var_os("PYTHONPATH")))
+                    .unwrap_or_default(),
+                ..inject
             };
             match &inject.library {
                 Some(lib) => log::info!("injecting the CUPTI shim {}", lib.display()),
@@ -425,6 +458,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             kill_after,
             no_ebpf,
             no_gpu,
+            no_auto_steps,
             listen,
             command,
         } => {
@@ -441,6 +475,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 kill_after: Duration::from_secs_f64(kill_after),
                 no_ebpf,
                 no_gpu,
+                no_auto_steps,
                 listen,
                 command,
             })?;

@@ -71,6 +71,8 @@ pub struct Inject {
     pub library: Option<std::path::PathBuf>,
     /// `SLO_PROBE_SOCKET`.
     pub socket: Option<std::path::PathBuf>,
+    /// More environment (the Python bootstrap's, `python_boot`).
+    pub env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
 }
 
 /// Starts `command` held before it runs until the returned writer is written to or closed, so
@@ -114,6 +116,7 @@ pub(crate) fn spawn_held(
     if let Some(sock) = &inject.socket {
         cmd.env("SLO_PROBE_SOCKET", sock);
     }
+    cmd.envs(inject.env.iter().map(|(k, v)| (k, v)));
     // SAFETY: the hook only calls async-signal-safe functions (dup2, fcntl).
     unsafe {
         cmd.pre_exec(move || {

@@ -50,7 +50,10 @@ pub mod report;
 use report::ReportTarget;
 pub use report::{summary, text, Exit, ReportError, RunReport, REPORT_VERSION};
 
-use super::observe::{spawn_held, Inject};
+use super::{
+    observe::{spawn_held, Inject},
+    python_boot::PythonBoot,
+};
 use crate::{
     api::{
         client::Endpoint,
@@ -143,6 +146,8 @@ pub struct Options {
     pub listen: Option<SocketAddr>,
     /// Do not inject the shim.
     pub no_gpu: bool,
+    /// Do not give a Python command the automatic step markers (`python_boot`).
+    pub no_auto_steps: bool,
     /// The command.
     pub command: Vec<String>,
 }
@@ -756,6 +761,7 @@ fn spawn(
             if let Some(sock) = &inject.socket {
                 cmd.env("SLO_PROBE_SOCKET", sock);
             }
+            cmd.envs(inject.env.iter().map(|(k, v)| (k, v)));
             let child = cmd.spawn()?;
             if let Agent::InProcess(a) = agent {
                 a.start(child.id());
@@ -915,9 +921,30 @@ pub fn run(opts: Options) -> Result<Outcome, RunError> {
         }
         (None, _) => {}
     }
+    // Automatic step markers for a Python script without them (kept until the command ends).
+    let python_boot = if opts.no_gpu || opts.no_auto_steps {
+        None
+    } else {
+        match PythonBoot::write() {
+            Ok(b) => Some(b),
+            Err(e) => {
+                say(&format!(
+                    "cannot write the Python bootstrap under {} ({e}): no automatic step \
+                     markers for a script without slo_probe.step()",
+                    std::env::temp_dir().display()
+                ));
+                notes.push("no automatic step markers (bootstrap not written)".to_owned());
+                None
+            }
+        }
+    };
     let inject = Inject {
         library: library.clone(),
         socket: socket.clone(),
+        env: python_boot
+            .as_ref()
+            .map(|b| b.env(std::env::var_os("PYTHONPATH")))
+            .unwrap_or_default(),
     };
 
     // Ctrl-C while the agent started: do not start the command at all.
