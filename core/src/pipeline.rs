@@ -174,6 +174,8 @@ pub struct ProcessPipeline {
     node_sample: Option<(u64, u32)>,
     /// When the next node-level sample is due, ns.
     node_sample_due: u64,
+    /// Iterations from step markers were completed (the clock they set is kept from then on).
+    marked: bool,
 }
 
 impl ProcessPipeline {
@@ -207,6 +209,7 @@ impl ProcessPipeline {
             composition: Arc::default(),
             node_sample: None,
             node_sample_due: 0,
+            marked: false,
         })
     }
 
@@ -323,6 +326,10 @@ impl ProcessPipeline {
         if done.is_empty() {
             return;
         }
+        if !self.marked && done.iter().any(|i| i.marked) {
+            self.marked = true;
+            self.restart_on_markers();
+        }
         for i in &done {
             self.graphs_seen |= i.graph_launches > 0;
             if let Some((_, left)) = self.node_sample.as_mut() {
@@ -373,6 +380,28 @@ impl ProcessPipeline {
         self.view.steps_ns = self.view.steps_ns.saturating_add(steps_ns);
         let at = self.now_ns;
         self.staged.extend(done.into_iter().map(|i| (at, i)));
+    }
+
+    /// Step markers began after iterations were detected without them: the automatic markers
+    /// of `slo-probe run` begin at the job's first `optimizer.step()`, after its compilation
+    /// and first steps (on an H100, a `torch.compile` job's detected iterations before it
+    /// spanned up to 6.8 s and kept the process labelled "detected"), and a script may mark its
+    /// steps only after a warm-up. What came before was warm-up under another clock: the
+    /// iterations start over with the markers' clock (count, history, the SLO engine and its
+    /// baselines), so that no detected iteration enters a baseline of marked ones.
+    fn restart_on_markers(&mut self) {
+        if self.view.iterations_total == 0 && self.staged.is_empty() {
+            return;
+        }
+        self.view.iterations_before_markers = self.view.iterations_total;
+        self.view.iterations_total = 0;
+        self.view.steps_ns = 0;
+        self.view.slo = None;
+        self.staged.clear();
+        self.history = IterationHistory::default();
+        self.stats_stale = true;
+        self.engine = None;
+        self.slo_windows = 0;
     }
 
     /// Moves staged iterations into the history once NVML has a sample after their end (or
@@ -906,6 +935,49 @@ mod tests {
         assert_eq!(slo.window_ns, 999 * MS, "a fifteenth of the span (14.99 s)");
         assert!(slo.windows >= 14, "{}", slo.windows);
         assert!(slo.violations.is_empty());
+    }
+
+    /// Markers that begin after iterations were detected without them (`slo-probe run`'s
+    /// automatic markers begin at the first optimizer step): the iterations start over on the
+    /// markers' clock, and none detected before stays in the count, the history or the engine.
+    #[test]
+    fn markers_that_begin_late_restart_the_iterations() {
+        let mut p = ProcessPipeline::new(7, live()).expect("spec");
+        // 2 s of a repeating kernel sequence and no marker: iterations are detected.
+        let mut t = 0;
+        for _ in 0..200 {
+            for (k, name) in [(0, 1), (2, 2), (4, 3)] {
+                let mut r = kernel(t + k * MS, MS);
+                if let AnyRecord::GpuKernel(g) = &mut r {
+                    g.name_id = name;
+                }
+                p.push(&r);
+            }
+            t += 10 * MS;
+        }
+        p.advance(t + SETTLE_NS, None, true);
+        let before = p.snapshot();
+        assert!(before.iterations_total > 100, "{}", before.iterations_total);
+        assert!(before.stats.as_ref().is_some_and(|s| !s.marked));
+        // Then the markers begin.
+        let end = feed(&mut p, 3000, 100, 10);
+        p.advance(end + SETTLE_NS, None, true);
+        let s = p.snapshot();
+        assert_eq!(s.iterations_total, 100);
+        assert_eq!(s.iterations_before_markers, before.iterations_total);
+        assert_eq!(s.iterations.len(), 100);
+        assert!(s.iterations.iter().all(|i| i.marked));
+        assert!(s.stats.as_ref().is_some_and(|s| s.marked));
+        p.advance(end + SETTLE_NS + 2000 * MS, None, true);
+        let slo = p
+            .snapshot()
+            .slo
+            .expect("an engine on the markers' iterations");
+        assert!(
+            slo.windows <= 2,
+            "windows of the marked second only: {}",
+            slo.windows
+        );
     }
 
     #[test]

@@ -4,10 +4,11 @@
 waits for ``torch.optim.optimizer`` to be imported (it never imports torch, nor this package,
 before) and then calls ``attach()``, which registers a global optimizer step post-hook (torch >=
 2.0). The hook ends the
-open step and begins the next one each time the *first* optimizer that stepped steps again, so
-iteration ``i`` runs from the end of one ``optimizer.step()`` to the end of the next: the data
-loading, forward and backward that lead to an update, and the update. Other optimizers of the
-process (a GAN's second one, one per parameter group) are not clocks. With gradient
+open step and begins the next one each time the clock's optimizer steps, so iteration ``i`` runs
+from the end of one ``optimizer.step()`` to the end of the next: the data loading, forward and
+backward that lead to an update, and the update. The clock is the first optimizer that steps;
+another one (a GAN's second) is not a clock while the clock steps between its steps, and becomes
+the clock once it steps twice in a row (the first job of the process ended and another began). With gradient
 accumulation an iteration is what leads to one update; a step that ``GradScaler`` skips (inf
 found) does not call the hook, so that iteration runs into the next.
 
@@ -31,6 +32,8 @@ from typing import Any, Optional
 _lock = threading.Lock()
 _installed = False
 _clock: Optional["weakref.ReferenceType[Any]"] = None
+_rival: Optional["weakref.ReferenceType[Any]"] = None
+_rival_steps = 0
 _open: Optional[int] = None
 _off = False
 _handle: Any = None
@@ -45,7 +48,7 @@ def _say(msg: str) -> None:
 
 def _hook(optimizer: Any, _args: Any, _kwargs: Any) -> None:
     """The global optimizer step post-hook: the step boundary of the clock's optimizer."""
-    global _clock, _open
+    global _clock, _open, _rival, _rival_steps
     if _off:
         return
     try:
@@ -56,9 +59,20 @@ def _hook(optimizer: Any, _args: Any, _kwargs: Any) -> None:
             if _off:
                 return
             if _clock is None or _clock() is None:
-                _clock = weakref.ref(optimizer)
+                _clock, _rival, _rival_steps = weakref.ref(optimizer), None, 0
             elif _clock() is not optimizer:
-                return
+                # Another optimizer: not a clock while the clock steps between its steps (a
+                # GAN's second one); the clock once it steps twice in a row (the clock's job
+                # ended and a new one began in the same process).
+                if _rival is not None and _rival() is optimizer:
+                    _rival_steps += 1
+                else:
+                    _rival, _rival_steps = weakref.ref(optimizer), 1
+                if _rival_steps < 2:
+                    return
+                _clock, _rival, _rival_steps = _rival, None, 0
+            else:
+                _rival_steps = 0
             s = slo_probe._shim
             ended = _open
             _open = slo_probe._take_step(None)

@@ -54,7 +54,8 @@ class AutoStepTest(unittest.TestCase):
         self.shim = FakeShim()
         slo_probe._set_backend(self.shim)
         self.shim.calls.clear()
-        for name, value in dict(_installed=False, _clock=None, _open=None, _off=False, _handle=None).items():
+        state = dict(_installed=False, _clock=None, _rival=None, _rival_steps=0, _open=None, _off=False, _handle=None)
+        for name, value in state.items():
             setattr(_autostep, name, value)
         self.torch = fake_optimizer_module()
         self.assertTrue(_autostep.attach(self.torch))
@@ -77,6 +78,17 @@ class AutoStepTest(unittest.TestCase):
         self.assertEqual(_autostep.open_step(), 2)
         self.assertFalse(_autostep.attach(self.torch), "attached once")
         self.assertEqual(len(self.torch.hooks), 1)
+
+    def test_an_optimizer_that_steps_twice_in_a_row_takes_over(self) -> None:
+        # One job, then another in the same process (the first one's optimizer still alive).
+        a, b = self.torch.Optimizer(), self.torch.Optimizer()
+        for _ in range(3):
+            a.step()
+        for _ in range(4):
+            b.step()  # its 2nd step in a row makes it the clock
+        begun = [c[1] for c in self.steps() if c[0] == "begin"]
+        self.assertEqual(begun, [0, 1, 2, 3, 4, 5])
+        self.assertEqual(_autostep.open_step(), 5)
 
     def test_a_clock_that_was_collected_is_replaced(self) -> None:
         a = self.torch.Optimizer()

@@ -281,8 +281,12 @@ pub struct ProcessSnapshot {
     pub iterations: IterationHistory,
     /// What the history adds up to (`None` while it is empty).
     pub stats: Option<Arc<IterationStats>>,
-    /// Iterations completed since the shim registered.
+    /// Iterations completed since the shim registered (since its step markers began, where
+    /// they began after iterations had been detected without them).
     pub iterations_total: u64,
+    /// Iterations detected before the process's step markers began, left out of everything
+    /// since (warm-up under another clock: `ProcessPipeline`'s restart on markers).
+    pub iterations_before_markers: u64,
     /// What each CUDA graph runs (operators by share of its GPU time), for the graphs that
     /// node-level tracing has seen; graph-level records are labelled `graph#<id>`.
     pub graph_ops: Arc<BTreeMap<u32, Vec<(String, f64)>>>,
