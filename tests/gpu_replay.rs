@@ -514,3 +514,45 @@ fn a_sampled_eager_job_has_its_own_step_times() {
         "P50 {p50:.1} ms, the job's {job_p50:.1} ms"
     );
 }
+
+/// A job without step markers of its own under `torch.compile`, run with `slo-probe run`'s
+/// automatic markers (one step per `optimizer.step()`; `scripts/gpu-autostep-check`, H100,
+/// 2026-12-07): 30 warm-up and 60 measured steps, so 89 complete ones, whose markers begin
+/// only after the compilation and the first step. Replayed with time moving as in the agent,
+/// the iterations detected before the markers began are left out (they kept the process
+/// labelled "detected", with 96 iterations, before `ProcessPipeline` restarted on markers).
+#[test]
+fn automatic_markers_that_begin_late_are_the_iterations() {
+    let dir = format!("{}/fixtures/gpu", env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new("gzip")
+        .args(["-dc", &format!("{dir}/h100-compile-automarkers.bin.gz")])
+        .output()
+        .expect("gzip");
+    assert!(out.status.success(), "gzip -dc failed");
+    let mut settings = PipelineSettings::live(slo_probe_core::slo::SloSpec::default(), 0);
+    settings.limits = SmLimits::for_capability(9, 0);
+    let mut p = ProcessPipeline::new(0, settings).expect("spec");
+    let mut now = 0u64;
+    for (k, r) in RecordIter::new(&out.stdout).enumerate() {
+        let r = r.expect("record decodes");
+        now = now.max(match &r {
+            AnyRecord::GpuKernel(g) => g.end_ns,
+            AnyRecord::GpuMem(m) => m.end_ns,
+            AnyRecord::Step(s) => s.ts_ns,
+            _ => 0,
+        });
+        p.push(&r);
+        if k % 500 == 0 {
+            p.advance(now, None, true);
+        }
+    }
+    p.finish(None);
+    let s = p.snapshot();
+    assert!(
+        s.iterations_before_markers > 0,
+        "iterations were detected before the markers began"
+    );
+    assert_eq!(s.iterations_total, 89);
+    assert!(s.iterations.iter().all(|i| i.marked));
+    assert!(s.stats.as_ref().is_some_and(|st| st.marked));
+}
