@@ -1,23 +1,24 @@
 """Step markers for a script that has none: one iteration per ``optimizer.step()``.
 
-``slo-probe run`` starts Python with its ``sitecustomize`` (``_boot/``) first on ``PYTHONPATH``; that
-waits for ``torch.optim.optimizer`` to be imported (it never imports torch, nor this package,
+``slo-probe run`` starts Python with its ``sitecustomize`` (``_boot/``) first on ``PYTHONPATH``;
+that waits for ``torch.optim.optimizer`` to be imported (it imports neither torch nor this package
 before) and then calls ``attach()``, which registers a global optimizer step post-hook (torch >=
-2.0). The hook ends the
-open step and begins the next one each time the clock's optimizer steps, so iteration ``i`` runs
-from the end of one ``optimizer.step()`` to the end of the next: the data loading, forward and
-backward that lead to an update, and the update. The clock is the first optimizer that steps;
-another one (a GAN's second) is not a clock while the clock steps between its steps, and becomes
-the clock once it steps twice in a row (the first job of the process ended and another began). With gradient
-accumulation an iteration is what leads to one update; a step that ``GradScaler`` skips (inf
-found) does not call the hook, so that iteration runs into the next.
+2.0). The hook ends the open step and begins the next one each time the clock's optimizer steps,
+so iteration ``i`` runs from the end of one ``optimizer.step()`` to the end of the next: the data
+loading, forward and backward that lead to an update, and the update. The clock is the first
+optimizer that steps; another one (a GAN's second) is not a clock while the clock steps between
+its steps, and becomes the clock once it steps twice in a row (the first job of the process
+ended and another began). With gradient accumulation an iteration is what leads to one update; a
+step that ``GradScaler`` skips (inf found) does not call the hook, so that iteration runs into
+the next.
 
 Why: the shim's cheap tier (kernels traced only in sample windows, nothing between them) needs
 to know where iterations start and end; without markers the kernels are the agent's iteration
-clock and kernel tracing stays on (about 1% on a GPU-bound eager job on the H200).
+clock and kernel tracing stays on (H100, 2026-12-07: +6.65% on a launch-bound eager job, +1.06%
+on a GPU-bound one; ``bench/results/autostep-2026-12-07``).
 
-A script's own markers win: the first ``slo_probe.step()`` ends the clock's open step and
-turns the clock off for the rest of the process. ``SLO_PROBE_AUTO_STEPS=0`` keeps the bootstrap from
+A script's own markers win: the first ``slo_probe.step()`` ends the clock's open step and turns
+the clock off for the rest of the process. ``SLO_PROBE_AUTO_STEPS=0`` keeps the bootstrap from
 installing it. Nothing here may raise into the training job: a failure says one line on stderr
 and leaves the job without the clock.
 """

@@ -11,6 +11,9 @@
 //!   metrics and the state API at `ADDR` while the command runs.
 //! - Shim: `CUDA_INJECTION64_PATH` names `libslo_probe_cupti.so` next to this binary (or
 //!   `shim.library`); a path the user set already is kept, with a warning.
+//! - Python: `PYTHONPATH` starts with the bootstrap of [`super::python_boot`] (automatic step
+//!   markers for a script without `slo_probe.step()`, one per `optimizer.step()`), unless
+//!   `--no-auto-steps` or `--no-gpu`.
 //! - Signals: the command stays in this process group, so a terminal's Ctrl-C (or Ctrl-\)
 //!   reaches it once, from the terminal, and is not forwarded. INT, TERM, HUP, QUIT, USR1 and
 //!   USR2 sent to this process by another one are forwarded. After INT, TERM, HUP or QUIT the
