@@ -198,3 +198,69 @@ fn real_torchrun_with_two_ranks_on_the_cpu() {
     eprintln!("{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A real PyTorch script that marks no steps, under `slo-probe run` on this machine's CPU
+/// (PyTorch from `scripts/torchrun-check`'s environment): run's Python bootstrap gives it one
+/// iteration per `optimizer.step()`, which the shim (loaded by the python client, no GPU
+/// needed) carries to the agent as step markers. Skipped without PyTorch on PATH.
+#[test]
+fn real_torch_without_markers_gets_automatic_ones() {
+    let torch = Command::new("python3")
+        .args(["-c", "import torch"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !torch {
+        let need = std::env::var_os("SLO_PROBE_REQUIRE_TORCHRUN").is_some();
+        assert!(
+            !need,
+            "SLO_PROBE_REQUIRE_TORCHRUN is set but torch is not there"
+        );
+        eprintln!("skipped: no PyTorch on PATH (scripts/torchrun-check makes one)");
+        return;
+    }
+    let dir = tempdir("run", "autosteps");
+    let config = run_config(&dir, "");
+    let script = dir.join("unmarked.py");
+    std::fs::write(
+        &script,
+        "import torch\n\
+         m = torch.nn.Linear(64, 64)\n\
+         opt = torch.optim.SGD(m.parameters(), lr=0.01)\n\
+         for _ in range(200):\n    m(torch.randn(32, 64)).pow(2).mean().backward()\n    \
+         opt.step()\n    opt.zero_grad()\n",
+    )
+    .expect("script");
+    let mut cmd = Command::new(artefact("slo-probe", "slo-probe"));
+    cmd.current_dir(&dir)
+        .args(["run", "-o", "auto", "--config"])
+        .arg(&config);
+    if !is_root() {
+        cmd.arg("--no-ebpf");
+    }
+    let out = cmd
+        .arg("--")
+        .arg("python3")
+        .arg(&script)
+        .env_remove("CUDA_INJECTION64_PATH")
+        .env_remove("SLO_PROBE_AUTO_STEPS")
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .expect("slo-probe run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let r = report(&dir, "auto");
+    assert_eq!(
+        r.state.processes.len(),
+        1,
+        "{err}\n{:#?}",
+        r.state.processes
+    );
+    let p = &r.state.processes[0];
+    // 200 optimizer steps: the first begins step 0, each later one ends a step.
+    assert_eq!(p.iterations.total, 199, "{p:#?}");
+    assert_eq!(
+        p.iterations.source,
+        slo_probe::api::types::IterationSource::Markers
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
