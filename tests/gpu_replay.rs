@@ -64,6 +64,17 @@ fn replay_with(
     (p, its, kinds)
 }
 
+/// A gzipped fixture of tests/fixtures/gpu, decompressed (with the system's gzip).
+fn gunzip(name: &str) -> Vec<u8> {
+    let path = format!("{}/fixtures/gpu/{name}", env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new("gzip")
+        .args(["-dc", &path])
+        .output()
+        .expect("gzip");
+    assert!(out.status.success(), "gzip -dc {path} failed");
+    out.stdout
+}
+
 fn median(mut v: Vec<u64>) -> u64 {
     v.sort_unstable();
     v[v.len() / 2]
@@ -456,13 +467,9 @@ fn an_operator_slowed_down_in_a_recorded_job_is_found() {
 #[test]
 fn a_sampled_eager_job_has_its_own_step_times() {
     let dir = format!("{}/fixtures/gpu", env!("CARGO_MANIFEST_DIR"));
-    let out = std::process::Command::new("gzip")
-        .args(["-dc", &format!("{dir}/h200-heal-sampled.bin.gz")])
-        .output()
-        .expect("gzip");
-    assert!(out.status.success(), "gzip -dc failed");
+    let data = gunzip("h200-heal-sampled.bin.gz");
     let mut asm = pipeline(None, true);
-    for r in RecordIter::new(&out.stdout) {
+    for r in RecordIter::new(&data) {
         asm.push(&r.expect("record decodes"));
     }
     asm.finish(None);
@@ -523,17 +530,12 @@ fn a_sampled_eager_job_has_its_own_step_times() {
 /// labelled "detected", with 96 iterations, before `ProcessPipeline` restarted on markers).
 #[test]
 fn automatic_markers_that_begin_late_are_the_iterations() {
-    let dir = format!("{}/fixtures/gpu", env!("CARGO_MANIFEST_DIR"));
-    let out = std::process::Command::new("gzip")
-        .args(["-dc", &format!("{dir}/h100-compile-automarkers.bin.gz")])
-        .output()
-        .expect("gzip");
-    assert!(out.status.success(), "gzip -dc failed");
+    let data = gunzip("h100-compile-automarkers.bin.gz");
     let mut settings = PipelineSettings::live(slo_probe_core::slo::SloSpec::default(), 0);
     settings.limits = SmLimits::for_capability(9, 0);
     let mut p = ProcessPipeline::new(0, settings).expect("spec");
     let mut now = 0u64;
-    for (k, r) in RecordIter::new(&out.stdout).enumerate() {
+    for (k, r) in RecordIter::new(&data).enumerate() {
         let r = r.expect("record decodes");
         now = now.max(match &r {
             AnyRecord::GpuKernel(g) => g.end_ns,
