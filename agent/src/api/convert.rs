@@ -376,6 +376,7 @@ fn slo(s: &SloSnapshot) -> Slo {
                 state: state(n.state),
                 windows: n.windows,
                 violations: n.violations,
+                past_by_chance: n.past_by_chance(),
             })
             .collect(),
     }

@@ -286,6 +286,10 @@ pub struct SloNode {
     pub windows: u64,
     /// Violations opened so far.
     pub violations: u64,
+    /// A P99 whose value is past its threshold in a window judged within it: too few of the
+    /// window's iterations were over the threshold for a P99 breach (a 1% tail gives that
+    /// many by chance).
+    pub past_by_chance: bool,
 }
 
 /// Severity of a violation.

@@ -524,7 +524,15 @@ fn pane(f: &mut Frame, area: Rect, app: &App, pane: Pane, theme: Theme) {
                             format!("{} {}", num(n.value), n.unit)
                         }),
                         Cell::from(threshold),
-                        Cell::from(Span::styled(n.state.as_str(), theme.state(n.state))),
+                        // `ok*`: past its threshold, judged within it (the detail says why).
+                        Cell::from(Span::styled(
+                            if n.past_by_chance {
+                                "ok*"
+                            } else {
+                                n.state.as_str()
+                            },
+                            theme.state(n.state),
+                        )),
                         Cell::from(pct01(n.compliance)),
                         Cell::from(num(n.burn_rate)),
                     ])
@@ -898,7 +906,14 @@ fn detail(f: &mut Frame, area: Rect, app: &App, d: &Detail, theme: Theme) {
                     ),
                 ),
                 ("baseline", num(n.baseline)),
-                ("state", n.state.as_str().to_owned()),
+                (
+                    "state",
+                    if n.past_by_chance {
+                        "ok (too few iterations over the threshold for a p99 breach)".to_owned()
+                    } else {
+                        n.state.as_str().to_owned()
+                    },
+                ),
                 ("compliance", pct01(n.compliance)),
                 ("burn rate", num(n.burn_rate)),
                 ("weight", num(Some(n.weight))),
@@ -1122,6 +1137,28 @@ mod tests {
         assert!(render_text(&a, 80, 24).contains("would raise priority"));
         // Without one, no pane and no tab for it.
         assert!(!render_text(&app(), 120, 40).contains("healer"));
+    }
+
+    /// A P99 shown past its threshold but judged within it reads `ok*` in the tree, and the
+    /// node's detail says why (as `slo-probe report` does).
+    #[test]
+    fn a_p99_past_its_threshold_by_chance_is_marked() {
+        let mut s = sample();
+        for p in &mut s.processes {
+            for n in p.slo.iter_mut().flat_map(|t| t.nodes.iter_mut()) {
+                if n.name == "iteration.median" {
+                    n.value = Some(30.0);
+                    n.past_by_chance = true;
+                }
+            }
+        }
+        let mut a = App::new(Conn::Live {
+            url: "http://127.0.0.1:9617".into(),
+        });
+        a.apply(Event::Full(Box::new(s)));
+        let text = render_text(&a, 120, 40);
+        assert!(text.contains("ok*"), "{text}");
+        assert!(!render_text(&app(), 120, 40).contains("ok*"));
     }
 
     #[test]
