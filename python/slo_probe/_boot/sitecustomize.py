@@ -55,7 +55,9 @@ def _slo_probe_boot() -> None:
 
                 def exec_module(module):  # type: ignore[no-untyped-def]
                     run(module)
-                    attach(module)
+                    # A loader may be shared by many modules (a zip archive's).
+                    if getattr(module, "__name__", None) == target:
+                        attach(module)
 
                 loader.exec_module = exec_module  # type: ignore[union-attr]
                 return spec
