@@ -305,6 +305,7 @@ fn iterations(p: &ProcessSnapshot) -> Iterations {
             Some(s) if s.marked => IterationSource::Markers,
             Some(_) => IterationSource::Detected,
         },
+        before_markers: p.iterations_before_markers,
         last_step: p.iterations.last().map(|i| i.step),
         wall_p50_ns: stats.map(|s| s.wall_ns[0]),
         wall_p99_ns: stats.map(|s| s.wall_ns[1]),

@@ -173,6 +173,9 @@ pub struct Iterations {
     pub recent: u64,
     /// Where their boundaries come from.
     pub source: IterationSource,
+    /// Iterations detected before the process's step markers began (its warm-up, under
+    /// another clock), left out of `total` and of the SLO tree.
+    pub before_markers: u64,
     /// Step number of the last one.
     pub last_step: Option<u64>,
     /// Wall time P50, ns.

@@ -421,6 +421,14 @@ pub fn text(r: &RunReport) -> String {
                 .and_then(|s| s.score)
                 .map_or("-".to_owned(), |x| format!("{:.1}%", x * 100.0)),
         );
+        if p.iterations.before_markers > 0 {
+            let _ = writeln!(
+                out,
+                "    (counted from its step markers; {} iterations detected before they began \
+                 were its warm-up and are left out)",
+                p.iterations.before_markers
+            );
+        }
     }
 
     let _ = writeln!(out, "\nviolations:");
@@ -538,6 +546,7 @@ mod tests {
                     pid: 9,
                     iterations: types::Iterations {
                         total: 10,
+                        before_markers: 4,
                         wall_p50_ns: Some(1_000_000),
                         wall_p99_ns: Some(2_000_000),
                         ..Default::default()
@@ -571,6 +580,7 @@ mod tests {
             "iteration p99 +38% ← aten::mm",
             "50.0%  aten::mm",
             "stragglers of job j (NVRx scale",
+            "4 iterations detected before they began",
         ] {
             assert!(t.contains(want), "{want}: {t}");
         }
