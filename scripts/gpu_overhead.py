@@ -407,6 +407,18 @@ def environment() -> Dict[str, Any]:
     return e
 
 
+def markers_fields(args: argparse.Namespace, job: Job) -> Dict[str, Any]:
+    """How steps were marked; with --markers auto, whether the automatic clock attached, the
+    index it has open (one step begun at each optimizer step of the clock after the first) and
+    the optimizer steps this job ran."""
+    return {
+        "markers": args.markers,
+        "auto_installed": slo_probe._autostep._installed,
+        "auto_open_step": slo_probe._autostep.open_step(),
+        "job_steps": getattr(job, "i", None),
+    }
+
+
 def emit(out: str, rec: Dict[str, Any]) -> None:
     with open(out, "a") as f:
         f.write(json.dumps(rec) + "\n")
@@ -462,13 +474,7 @@ def run_ab(args: argparse.Namespace, sizes: List[tuple]) -> int:
                 "depth_end": slo_probe.depth(),
                 "counters_end": counters(),
                 "env": environment(),
-                "markers": args.markers,
-                # With --markers auto: the index the automatic clock has open (one step begun at
-                # each optimizer step after the first, of every job of this process) and the
-                # optimizer steps this job ran.
-                "auto_installed": slo_probe._autostep._installed,
-                "auto_open_step": slo_probe._autostep.open_step(),
-                "job_steps": getattr(job, "i", None),
+                **markers_fields(args, job),
             }
             if args.toggles and (batch, seq) == sizes[0] and time.time() < args.deadline:
                 rec["toggles"] = toggles(job, args.toggles, 5, args.wait_s, args.deadline)
@@ -522,10 +528,7 @@ def run_pair(args: argparse.Namespace, sizes: List[tuple]) -> int:
         "counters": delta(c0, counters()) if slo_probe.available() else None,
         "depth_end": slo_probe.depth(),
         "env": environment(),
-        "markers": args.markers,
-        "auto_installed": slo_probe._autostep._installed,
-        "auto_open_step": slo_probe._autostep.open_step(),
-        "job_steps": getattr(job, "i", None),
+        **markers_fields(args, job),
     })
     log(f"pair {label} ({args.tag}): {len(blocks)} blocks, median {statistics.median(blocks) * 1e3:.3f} ms/step"
         if blocks else f"pair {label} ({args.tag}): no blocks")

@@ -116,37 +116,45 @@ fn a_launcher_with_two_ranks_gets_one_report_with_both() {
 /// A CUDA build of PyTorch on a machine without a GPU driver is the case it was written for:
 /// there the shim the python client loaded for the step markers crashed both ranks (SIGSEGV in
 /// libcupti) before the shim stopped calling libcupti where no driver is (2026-12-02).
-#[test]
-fn real_torchrun_with_two_ranks_on_the_cpu() {
-    let torch = Command::new("python3")
-        .args(["-c", "import torch, torch.distributed.run"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    let torchrun = Command::new("torchrun")
-        .arg("--help")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !(torch && torchrun) {
+/// Whether PyTorch (and with `torchrun`, the `torchrun` command) is on PATH; says why a test is
+/// skipped when not, and fails it where `SLO_PROBE_REQUIRE_TORCHRUN` is set.
+fn torch_on_path(torchrun: bool) -> bool {
+    let ok = |cmd: &mut Command| cmd.output().is_ok_and(|o| o.status.success());
+    let here = ok(Command::new("python3").args(["-c", "import torch, torch.distributed.run"]))
+        && (!torchrun || ok(Command::new("torchrun").arg("--help")));
+    if !here {
         let need = std::env::var_os("SLO_PROBE_REQUIRE_TORCHRUN").is_some();
         assert!(
             !need,
             "SLO_PROBE_REQUIRE_TORCHRUN is set but torchrun/torch are not there"
         );
         eprintln!("skipped: no torchrun with PyTorch on PATH (scripts/torchrun-check makes one)");
+    }
+    here
+}
+
+/// `slo-probe run -o NAME --config CONFIG` in `dir`, without eBPF unless root.
+fn slo_probe_run(dir: &Path, config: &Path, name: &str) -> Command {
+    let mut cmd = Command::new(artefact("slo-probe", "slo-probe"));
+    cmd.current_dir(dir)
+        .args(["run", "-o", name, "--config"])
+        .arg(config);
+    if !is_root() {
+        cmd.arg("--no-ebpf");
+    }
+    cmd
+}
+
+#[test]
+fn real_torchrun_with_two_ranks_on_the_cpu() {
+    if !torch_on_path(true) {
         return;
     }
     let dir = tempdir("run", "torchrun");
     let config = run_config(&dir, "");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/train_ddp.py");
     let root = is_root();
-    let mut cmd = Command::new(artefact("slo-probe", "slo-probe"));
-    cmd.current_dir(&dir)
-        .args(["run", "-o", "torchrun", "--config"]);
-    cmd.arg(&config);
-    if !root {
-        cmd.arg("--no-ebpf");
-    }
-    let out = cmd
+    let out = slo_probe_run(&dir, &config, "torchrun")
         .args(["--", "torchrun", "--nproc-per-node", "2", script])
         .args(["--device", "cpu", "--steps", "60", "--warmup", "5"])
         .args([
@@ -205,17 +213,7 @@ fn real_torchrun_with_two_ranks_on_the_cpu() {
 /// needed) carries to the agent as step markers. Skipped without PyTorch on PATH.
 #[test]
 fn real_torch_without_markers_gets_automatic_ones() {
-    let torch = Command::new("python3")
-        .args(["-c", "import torch"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !torch {
-        let need = std::env::var_os("SLO_PROBE_REQUIRE_TORCHRUN").is_some();
-        assert!(
-            !need,
-            "SLO_PROBE_REQUIRE_TORCHRUN is set but torch is not there"
-        );
-        eprintln!("skipped: no PyTorch on PATH (scripts/torchrun-check makes one)");
+    if !torch_on_path(false) {
         return;
     }
     let dir = tempdir("run", "autosteps");
@@ -230,14 +228,7 @@ fn real_torch_without_markers_gets_automatic_ones() {
          opt.step()\n    opt.zero_grad()\n",
     )
     .expect("script");
-    let mut cmd = Command::new(artefact("slo-probe", "slo-probe"));
-    cmd.current_dir(&dir)
-        .args(["run", "-o", "auto", "--config"])
-        .arg(&config);
-    if !is_root() {
-        cmd.arg("--no-ebpf");
-    }
-    let out = cmd
+    let out = slo_probe_run(&dir, &config, "auto")
         .arg("--")
         .arg("python3")
         .arg(&script)

@@ -226,19 +226,19 @@ fn a_python_script_without_markers_gets_them_from_its_optimizer() {
     .unwrap();
     let pythonpath = format!("{}:{}", lib.display(), site.display());
     let run = |flags: &[&str], name: &str| {
-        let out = wrapper_with(&dir, name, flags, &[python, "-c", UNMARKED])
+        wrapper_with(&dir, name, flags, &[python, "-c", UNMARKED])
             .env("PYTHONPATH", &pythonpath)
             .env_remove("SLO_PROBE_SHIM")
             .env_remove("SLO_PROBE_AUTO_STEPS")
             .output()
-            .expect("run");
-        assert!(out.status.success(), "{}", text(&out.stderr));
-        text(&out.stdout)
+            .expect("run")
     };
     // On: the package comes from run's private folder (none is installed here), the clock
     // counts the first optimizer's steps (begun at its 1st, 2nd, 3rd: index 2 open), and the
     // environment's sitecustomize ran.
-    let line = run(&[], "auto");
+    let out = run(&[], "auto");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let line = text(&out.stdout);
     let fields: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(fields.len(), 3, "{line}");
     assert!(
@@ -251,10 +251,7 @@ fn a_python_script_without_markers_gets_them_from_its_optimizer() {
         "run removes its folder when the command ends"
     );
     // Off: no bootstrap, so no package either (the script's import fails).
-    let out = wrapper_with(&dir, "off", &["--no-auto-steps"], &[python, "-c", UNMARKED])
-        .env("PYTHONPATH", &pythonpath)
-        .output()
-        .expect("run");
+    let out = run(&["--no-auto-steps"], "off");
     assert!(!out.status.success());
     assert!(
         text(&out.stderr).contains("No module named 'slo_probe'"),

@@ -390,8 +390,8 @@ impl ProcessPipeline {
     /// iterations start over with the markers' clock (count, history, the SLO engine and its
     /// baselines), so that no detected iteration enters a baseline of marked ones.
     fn restart_on_markers(&mut self) {
-        if self.view.iterations_total == 0 && self.staged.is_empty() {
-            return;
+        if self.view.iterations_total == 0 {
+            return; // (staged iterations are counted in it)
         }
         self.view.iterations_before_markers = self.view.iterations_total;
         self.view.iterations_total = 0;

@@ -346,12 +346,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             let python_boot = (!no_gpu && !no_auto_steps)
                 .then(|| {
                     python_boot::PythonBoot::write()
-                        .map_err(|e| {
-                            log::warn!(
-                                "cannot write the Python bootstrap ({e}): no automatic step \
-                                 markers for a script without slo_probe.step()"
-                            )
-                        })
+                        .map_err(|why| log::warn!("{why}"))
                         .ok()
                 })
                 .flatten();

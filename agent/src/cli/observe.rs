@@ -75,6 +75,22 @@ pub struct Inject {
     pub env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
 }
 
+impl Inject {
+    /// Sets the command's environment: the shim (unless the user's own
+    /// `CUDA_INJECTION64_PATH` is set: it wins), its socket, and the rest.
+    pub(crate) fn apply(&self, cmd: &mut Command) {
+        if let Some(lib) = &self.library {
+            if std::env::var_os("CUDA_INJECTION64_PATH").is_none() {
+                cmd.env("CUDA_INJECTION64_PATH", lib);
+            }
+        }
+        if let Some(sock) = &self.socket {
+            cmd.env("SLO_PROBE_SOCKET", sock);
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+    }
+}
+
 /// Starts `command` held before it runs until the returned writer is written to or closed, so
 /// that the probes follow it from its first instruction. Needs `/bin/sh`.
 pub(crate) fn spawn_held(
@@ -107,16 +123,7 @@ pub(crate) fn spawn_held(
         .arg("slo-probe-held")
         .arg(program)
         .args(args);
-    // The user's own CUDA_INJECTION64_PATH wins.
-    if let Some(lib) = &inject.library {
-        if std::env::var_os("CUDA_INJECTION64_PATH").is_none() {
-            cmd.env("CUDA_INJECTION64_PATH", lib);
-        }
-    }
-    if let Some(sock) = &inject.socket {
-        cmd.env("SLO_PROBE_SOCKET", sock);
-    }
-    cmd.envs(inject.env.iter().map(|(k, v)| (k, v)));
+    inject.apply(&mut cmd);
     // SAFETY: the hook only calls async-signal-safe functions (dup2, fcntl).
     unsafe {
         cmd.pre_exec(move || {

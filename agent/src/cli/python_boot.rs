@@ -63,9 +63,17 @@ impl PythonBoot {
         Ok(boot)
     }
 
-    /// Writes it under the temporary folder (`TMPDIR`, else /tmp).
-    pub fn write() -> std::io::Result<Self> {
-        Self::write_in(&std::env::temp_dir())
+    /// Writes it under the temporary folder (`TMPDIR`, else /tmp); the error says what the
+    /// command goes without.
+    pub fn write() -> Result<Self, String> {
+        let tmp = std::env::temp_dir();
+        Self::write_in(&tmp).map_err(|e| {
+            format!(
+                "cannot write the Python bootstrap under {} ({e}): no automatic step markers \
+                 for a script without slo_probe.step()",
+                tmp.display()
+            )
+        })
     }
 
     /// The folder.

@@ -527,7 +527,7 @@ pub fn slo_report(out: &mut String, s: &slo_probe_core::slo::SloSnapshot) {
                     .map_or("-".to_owned(), |c| format!("{:.1}%", 100.0 * c)),
                 num(n.burn_rate),
                 if n.past_by_chance() {
-                    "ok (too few iterations over it for a p99 breach)"
+                    slo_probe_core::slo::NodeView::PAST_BY_CHANCE
                 } else {
                     n.state.as_str()
                 }

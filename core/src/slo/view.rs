@@ -147,6 +147,9 @@ pub struct NodeView {
 }
 
 impl NodeView {
+    /// What the reports say of a node [`NodeView::past_by_chance`] holds for.
+    pub const PAST_BY_CHANCE: &'static str = "ok (too few iterations over it for a p99 breach)";
+
     /// A P99 shown past its threshold in a window judged within it: fewer of the window's
     /// iterations were over the threshold than a 1% tail gives by chance (see
     /// [`crate::slo`]).

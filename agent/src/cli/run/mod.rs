@@ -756,15 +756,7 @@ fn spawn(
                 .ok_or_else(|| std::io::Error::other("empty command"))?;
             let mut cmd = Command::new(program);
             cmd.args(args);
-            if let Some(lib) = &inject.library {
-                if std::env::var_os("CUDA_INJECTION64_PATH").is_none() {
-                    cmd.env("CUDA_INJECTION64_PATH", lib);
-                }
-            }
-            if let Some(sock) = &inject.socket {
-                cmd.env("SLO_PROBE_SOCKET", sock);
-            }
-            cmd.envs(inject.env.iter().map(|(k, v)| (k, v)));
+            inject.apply(&mut cmd);
             let child = cmd.spawn()?;
             if let Agent::InProcess(a) = agent {
                 a.start(child.id());
@@ -930,12 +922,8 @@ pub fn run(opts: Options) -> Result<Outcome, RunError> {
     } else {
         match PythonBoot::write() {
             Ok(b) => Some(b),
-            Err(e) => {
-                say(&format!(
-                    "cannot write the Python bootstrap under {} ({e}): no automatic step \
-                     markers for a script without slo_probe.step()",
-                    std::env::temp_dir().display()
-                ));
+            Err(why) => {
+                say(&why);
                 notes.push("no automatic step markers (bootstrap not written)".to_owned());
                 None
             }

@@ -909,7 +909,7 @@ fn detail(f: &mut Frame, area: Rect, app: &App, d: &Detail, theme: Theme) {
                 (
                     "state",
                     if n.past_by_chance {
-                        "ok (too few iterations over the threshold for a p99 breach)".to_owned()
+                        slo_probe_core::slo::NodeView::PAST_BY_CHANCE.to_owned()
                     } else {
                         n.state.as_str().to_owned()
                     },
