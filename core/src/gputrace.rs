@@ -1413,7 +1413,8 @@ impl TraceAssembler {
         if let Some(cut) = cut {
             self.cycle.retire(cut);
         }
-        let out = self.cut(&windows, false, false);
+        let mut out = self.cut(&windows, false, false);
+        self.drop_idle_detected(&mut out);
         if flush {
             self.pending.clear();
             self.pending_sorted = 0;
@@ -1423,6 +1424,28 @@ impl TraceAssembler {
             self.pending_sorted = self.pending_sorted.saturating_sub(before);
         }
         out
+    }
+
+    /// Leaves out detected iterations that ran no compute (no kernel, no graph launch) although
+    /// the shim traced kernels all along: a period of copies alone is no training step. Moving
+    /// a model to the GPU copies each layer's parameters in the same sizes, a period the
+    /// copies' tokens lock on (H100, 2026-12-07: a GPT under `torch.compile` started with 7
+    /// such "iterations" of ~3 ms before compilation; `cycle.rs`). The ones kept are numbered
+    /// on.
+    fn drop_idle_detected(&mut self, out: &mut Vec<Iteration>) {
+        let before = out.len();
+        out.retain(|it| {
+            it.kernels > 0 || it.graph_launches > 0 || !self.depth.traced(it.start_ns, it.end_ns)
+        });
+        let dropped = before - out.len();
+        if dropped == 0 {
+            return;
+        }
+        self.next_detected -= dropped as u64;
+        let first = self.next_detected - out.len() as u64;
+        for (k, it) in out.iter_mut().enumerate() {
+            it.step = first + k as u64;
+        }
     }
 
     /// Boundaries where the copies, fills and graph launches give none: each launch of the
@@ -2583,6 +2606,90 @@ mod tests {
         let c = t.graph_composition().expect("changed");
         assert_eq!(c.nodes.len(), MAX_GRAPHS);
         assert_eq!(t.capped - capped, 2, "two graphs beyond the cap");
+    }
+
+    /// Moving a model to the GPU copies its layers' parameters in a repeating run of sizes,
+    /// which the copies' period locks on before the first step: while kernels were traced,
+    /// those "iterations" ran no compute and are left out; the steps after them are counted
+    /// and numbered from 0. While kernels were not traced (the always-on tier between sample
+    /// windows), a step without a kernel record is no evidence: nothing is left out.
+    #[test]
+    fn copies_without_compute_are_no_iterations() {
+        let copy = |start: u64, bytes: u64, corr: u32| {
+            AnyRecord::GpuMem(GpuMemRecord {
+                header: RecordHeader::of::<GpuMemRecord>(),
+                start_ns: start,
+                end_ns: start + 20,
+                launch_ns: start - 5,
+                bytes,
+                graph_node_id: 0,
+                correlation_id: corr,
+                device_id: 0,
+                stream_id: 7,
+                graph_id: 0,
+                kind: 1,
+                op_id: 0,
+                launch_tid: 1,
+                flags: 0,
+            })
+        };
+        let run = |depth: u32| {
+            let mut t = TraceAssembler::new();
+            t.push(&AnyRecord::Depth(slo_probe_common::DepthRecord {
+                header: RecordHeader::of::<slo_probe_common::DepthRecord>(),
+                from_ns: 1,
+                depth,
+                reason: 1,
+            }));
+            let mut corr = 1u32;
+            let mut ts = 1_000u64;
+            // 100 layers of three parameters each, copied 100 ns apart.
+            for _ in 0..100 {
+                for bytes in [4096u64, 16_384, 64] {
+                    corr += 1;
+                    t.push(&copy(ts, bytes, corr));
+                    ts += 100;
+                }
+            }
+            // A pause (compilation), during which the agent takes what it has, then 30 steps:
+            // the batch, then eight kernels.
+            ts += 5_000_000;
+            let mut its = t.take_iterations(ts, 0, false);
+            for _ in 0..30 {
+                corr += 1;
+                t.push(&copy(ts, 1 << 20, corr));
+                ts += 40_000;
+                for name in 5u32..13 {
+                    let mut k = kernel(ts + 10, 500, ts, name, 0);
+                    corr += 1;
+                    k.correlation_id = corr;
+                    t.push(&AnyRecord::GpuKernel(k));
+                    ts += 1_000;
+                }
+                ts += 20_000;
+            }
+            its.extend(t.take_iterations(ts + 1_000_000, 0, true));
+            its
+        };
+        let its = run(slo_probe_common::gpu::DEPTH_KERNELS);
+        assert!(
+            its.iter().all(|i| i.kernels > 0),
+            "{:?}",
+            its.iter()
+                .map(|i| (i.step, i.kernels, i.wall_ns()))
+                .collect::<Vec<_>>()
+        );
+        assert!((28..=30).contains(&its.len()), "{}", its.len());
+        assert_eq!(its.first().map(|i| i.step), Some(0));
+        assert!(its.windows(2).all(|w| w[1].step == w[0].step + 1));
+        let idle = run(slo_probe_common::gpu::DEPTH_TIMING)
+            .iter()
+            .filter(|i| i.kernels == 0)
+            .count();
+        assert!(
+            idle > 10,
+            "kernels not traced: the copies' iterations stay ({idle})"
+        );
     }
 
     /// A CPU running two iterations ahead of the GPU, as on the H200 (a GPU-bound eager job):
