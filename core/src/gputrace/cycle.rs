@@ -239,6 +239,11 @@ impl CycleDetector {
                 return Found::Boundaries(ascending(&b));
             }
             self.lock = None;
+            // The tokens already cut were the lost period's: a search over them and the new
+            // ones finds the old period, or a multiple of both (on an H100, a model's
+            // parameter copies, 12 tokens a layer, then two CUDA graphs a step: 12, six
+            // steps an iteration).
+            self.history.clear();
         }
         let seen = self.retired + toks.len();
         let Some(first) = self
@@ -535,6 +540,50 @@ mod tests {
         assert_eq!(b.len(), 40);
         // Later steps start at their first copy's GPU start.
         assert_eq!(b[30], v[30 * 11].start_ns);
+    }
+
+    /// A model moved to the GPU (each layer's parameters: a period of 12 copies), then steps of
+    /// 25 small fills and a device-to-device copy (an H100 recording of the overhead
+    /// benchmark's GPT under `torch.compile`, without markers): once the copies' lock is lost,
+    /// the search is over the steps' tokens alone. With the copies in its window, period 12
+    /// scored 0.92, 26 0.91, and 6 came within 0.05 of the best: 899 iterations for 180 steps.
+    #[test]
+    fn a_lost_lock_leaves_its_tokens_out_of_the_next_search() {
+        let mut v = Vec::new();
+        let mut t = 1_000u64;
+        for _ in 0..12 {
+            for bytes in [0x40_0000u64, 0x2000, 0x40_0000, 0x800, 0x800, 0x800] {
+                v.push(act(ActivityKind::Memory, t, MEM_KIND_HTOD, bytes, 0));
+                t += 100;
+            }
+            for bytes in [0x30_0000u64, 0x1800, 0x10_0000, 0x800, 0x800, 0x800] {
+                v.push(act(ActivityKind::Memory, t, MEM_KIND_HTOD, bytes, 0));
+                t += 100;
+            }
+        }
+        let load = v.len();
+        t += 3_000_000_000;
+        for _ in 0..30 {
+            t += 2_000_000;
+            for _ in 0..25 {
+                v.push(act(ActivityKind::Memory, t, MEM_KIND_MEMSET, 4, 0));
+                t += 10_000;
+            }
+            v.push(act(ActivityKind::Memory, t, 8, 1 << 24, 0));
+            t += 10_000;
+        }
+        let mut d = CycleDetector::default();
+        // The agent took the copies when they had settled, 3 s before the first step.
+        let horizon = v[load - 1].launch_ns + 1_000_000;
+        let first = found(d.boundaries(&v[..load], horizon)).expect("the copies' period");
+        let cut = *first.last().expect("boundaries");
+        d.retire(cut);
+        // Then the first 30 steps (the search's window holds them and the copies cut before).
+        let from = v.partition_point(|a| a.anchor_ns() < cut);
+        let to = load + 30 * 26;
+        let b = found(d.boundaries(&v[from..to], u64::MAX)).expect("the steps' period");
+        assert_eq!(d.lock.as_ref().map(|l| l.period), Some(26));
+        assert_eq!(b.len(), 30);
     }
 
     #[test]
