@@ -554,13 +554,17 @@ fn a_compiled_job_without_markers_counts_no_iterations_before_its_first_step() {
 /// batches are already on the GPU (no host-to-device copy a step), 30 warm-up and 150 measured
 /// steps, 179 complete, counted from what the shim traces. Under `torch.compile` the steps'
 /// fills and copies were searched together with the model's parameter copies before them
-/// (899 iterations); under `reduce-overhead` likewise, six steps an iteration (34).
+/// (899 iterations); under `reduce-overhead` likewise, six steps an iteration (34). The
+/// launch-bound eager job (kernels traced in sample windows only) has one fill a step, a lone
+/// token once refused (44 iterations from the windows' kernels), now one a step at its steady
+/// pace.
 #[test]
 fn jobs_without_markers_whose_batches_are_on_the_gpu_count_their_steps() {
     for (name, expected) in [
         ("h100-eager-gpu-nomarkers.bin.gz", 179),
         ("h100-compile-nomarkers.bin.gz", 179),
         ("h100-ro-nomarkers.bin.gz", 179),
+        ("h100-eager-launch-nomarkers.bin.gz", 179),
     ] {
         let s = replay_live(name, false);
         let n = s.iterations_total;

@@ -352,8 +352,11 @@ fn occurrences(anchor: &[u64], toks: &[(u64, u64)]) -> Vec<(usize, u64)> {
 fn search(window: &[(u64, u64)]) -> Option<Lock> {
     let seq: Vec<u64> = window.iter().map(|t| t.0).collect();
     let p = detect_period(&seq, 1)?;
-    if seq.len() < MIN_PERIODS * p.max(2) || seq[..p].iter().all(|&t| t == seq[0]) {
+    if seq.len() < MIN_PERIODS * p.max(2) {
         return None;
+    }
+    if seq[..p].iter().all(|&t| t == seq[0]) {
+        return one_a_step(window, p);
     }
     // The phases are read over the last periods of the window (a token missing earlier would
     // shift them): the mean gap before each.
@@ -380,7 +383,7 @@ fn search(window: &[(u64, u64)]) -> Option<Lock> {
     // The anchor starts at the phase in the last period but one (room for a whole period).
     let start = base + phase + p * (recent - 2);
     let expected = seq.len() as f64 / p as f64;
-    (1..=p)
+    let lock = (1..=p)
         .map(|k| seq.get(start..start + k))
         .take_while(Option::is_some)
         .flatten()
@@ -391,7 +394,66 @@ fn search(window: &[(u64, u64)]) -> Option<Lock> {
         .map(|gram| Lock {
             period: p,
             anchor: gram.to_vec(),
-        })
+        })?;
+    // The window began with another regime where the anchor never occurs (a model's parameter
+    // copies before its steps): the period was a common multiple of both. Searched again from
+    // the anchor's first occurrence (on an H100, a GPT's 12-token copies and then one fill a
+    // step locked on four fills: four steps an iteration).
+    let first = occurrences(&lock.anchor, window).first().map_or(0, |o| o.0);
+    if first > LOST_AFTER_PERIODS * p {
+        return search(&window[first..]);
+    }
+    Some(lock)
+}
+
+/// Gaps between a lone token's occurrences within this share of their median count as steady.
+const STEADY_WITHIN: f64 = 0.5;
+
+/// The share of a lone token's gaps that must be steady.
+const STEADY_SHARE: f64 = 0.8;
+
+/// How far the median of every other gap may be from the median of the others, as a share of
+/// the median gap, for a lone token to be one a step.
+const ALTERNATION: f64 = 0.15;
+
+/// A sequence of one token repeated (`window`, whose period `p` holds one token only): one a
+/// step only where its occurrences come at a steady pace, every gap like the next. Two a step
+/// (a batch and its labels, a forward and a backward fill) alternate a short and a long gap,
+/// and are refused, as is an unsteady pace: the kernels' period is then used. On an H100 the
+/// overhead benchmark's launch-bound GPT without markers (batches on the GPU; kernels traced in
+/// sample windows only) had one 432-byte fill a step, 8.7-14.7 ms apart: refused, its kernels
+/// in the windows made 44 iterations of its 179 steps.
+fn one_a_step(window: &[(u64, u64)], p: usize) -> Option<Lock> {
+    let recent = &window[window.len().saturating_sub(RECENT_PERIODS.max(64) * p)..];
+    let gaps: Vec<f64> = recent
+        .windows(2)
+        .map(|w| w[1].1.saturating_sub(w[0].1) as f64)
+        .collect();
+    if gaps.len() < 2 * MIN_PERIODS {
+        return None;
+    }
+    let mut sorted = gaps.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    if median <= 0.0 {
+        return None;
+    }
+    let steady = gaps
+        .iter()
+        .filter(|&&g| (g - median).abs() <= STEADY_WITHIN * median)
+        .count();
+    // Medians, so that one long gap (the first step after compilation) decides nothing.
+    let median_of = |parity: usize| {
+        let mut v: Vec<f64> = gaps.iter().skip(parity).step_by(2).copied().collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let steady = steady as f64 >= STEADY_SHARE * gaps.len() as f64
+        && (median_of(0) - median_of(1)).abs() <= ALTERNATION * median;
+    steady.then(|| Lock {
+        period: 1,
+        anchor: vec![window[window.len() - 1].0],
+    })
 }
 
 #[cfg(test)]
@@ -586,19 +648,74 @@ mod tests {
         assert_eq!(b.len(), 30);
     }
 
+    /// One search over a model's parameter copies (a period of 12) and the steps after them,
+    /// one fill a step: the copies' period holds for the whole window (the fills repeat at any
+    /// period), and four fills occurred about once per 12 tokens, so the steps were locked four
+    /// an iteration (an H100 recording of a launch-bound GPT without markers: 44 iterations for
+    /// 179 steps). The anchor never occurs among the copies: the search starts again where it
+    /// first does.
+    #[test]
+    fn a_window_that_begins_in_another_regime_is_searched_from_the_anchor() {
+        let mut v = Vec::new();
+        let mut t = 1_000u64;
+        for _ in 0..8 {
+            for bytes in [0x40_0000u64, 0x2000, 0x40_0000, 0x800, 0x800, 0x800] {
+                v.push(act(ActivityKind::Memory, t, MEM_KIND_HTOD, bytes, 0));
+                t += 100;
+            }
+            for bytes in [0x30_0000u64, 0x1800, 0x10_0000, 0x800, 0x800, 0x800] {
+                v.push(act(ActivityKind::Memory, t, MEM_KIND_HTOD, bytes, 0));
+                t += 100;
+            }
+        }
+        for i in 0..62u64 {
+            t += 10_000_000 + (i * 7919 % 2_000_000);
+            v.push(act(ActivityKind::Memory, t, MEM_KIND_MEMSET, 432, 0));
+        }
+        let mut d = CycleDetector::default();
+        let b = found(d.boundaries(&v, u64::MAX)).expect("a period");
+        assert_eq!(d.lock.as_ref().map(|l| l.period), Some(1));
+        assert_eq!(b.len(), 62);
+    }
+
     #[test]
     fn a_late_anchor_drops_itself_not_the_boundaries_after_it() {
         let occ: Vec<(usize, u64)> = [10, 20, 900, 30, 40, 50].into_iter().enumerate().collect();
         assert_eq!(ascending(&occ), vec![10, 20, 30, 40, 50]);
     }
 
+    /// One token repeated is one a step where it comes at a steady pace; two a step alternate
+    /// a short and a long gap, and are refused (the kernels' period is used instead).
     #[test]
-    fn one_token_repeated_is_refused() {
-        let v: Vec<Activity> = (0..50)
-            .map(|i| act(ActivityKind::Memory, 1_000 * i, MEM_KIND_HTOD, 4096, 0))
+    fn one_token_repeated_counts_only_at_a_steady_pace() {
+        let at = |times: &[u64]| -> Vec<Activity> {
+            times
+                .iter()
+                .map(|&t| act(ActivityKind::Memory, t, MEM_KIND_HTOD, 4096, 0))
+                .collect()
+        };
+        // Every 10 ms, give or take 1.5 ms.
+        let steady: Vec<u64> = (0..50u64)
+            .map(|i| 10_000_000 * i + (i * 7919 % 3_000_000))
+            .collect();
+        let b = found(CycleDetector::default().boundaries(&at(&steady), u64::MAX));
+        assert_eq!(b.map(|b| b.len()), Some(50));
+        // Two a step, 3 ms and 7 ms apart.
+        let twice: Vec<u64> = (0..50u64)
+            .map(|i| 10_000_000 * (i / 2) + if i % 2 == 0 { 0 } else { 3_000_000 })
             .collect();
         assert_eq!(
-            CycleDetector::default().boundaries(&v, u64::MAX),
+            CycleDetector::default().boundaries(&at(&twice), u64::MAX),
+            Found::Nothing
+        );
+        // At no steady pace.
+        let uneven: Vec<u64> = (0..50u64)
+            .map(|i| 1_000_000 * (i * i % 97) + 100_000_000 * i)
+            .collect();
+        let mut sorted = uneven.clone();
+        sorted.sort_unstable();
+        assert_eq!(
+            CycleDetector::default().boundaries(&at(&sorted), u64::MAX),
             Found::Nothing
         );
     }
