@@ -14,8 +14,12 @@
 //! record), nor by a graph recaptured mid-run when the anchor is the batch copy; when it stops
 //! occurring, the period is searched again.
 //!
-//! A sequence that is one token repeated (one copy per step and nothing else) cannot tell one
-//! step from two: it is refused, and the kernels' period is used instead.
+//! A sequence that is one token repeated (one copy or fill per step and nothing else) is one a
+//! step only where it comes at a steady pace ([`one_a_step`]); two a step alternate a short and
+//! a long gap and are refused, and the kernels' period is used instead. A lock that stops
+//! occurring is forgotten with the tokens it cut, and a search whose anchor never occurs in the
+//! first periods of its window starts again from the anchor: the window held another regime
+//! (a model's parameter copies before its steps), whose period and the steps' made a multiple.
 
 use std::collections::VecDeque;
 
