@@ -2394,6 +2394,32 @@ mod tests {
         }
     }
 
+    /// A host-to-device copy on stream 7.
+    fn htod(
+        start_ns: u64,
+        end_ns: u64,
+        launch_ns: u64,
+        bytes: u64,
+        corr: u32,
+    ) -> AnyRecord<'static> {
+        AnyRecord::GpuMem(GpuMemRecord {
+            header: RecordHeader::of::<GpuMemRecord>(),
+            start_ns,
+            end_ns,
+            launch_ns,
+            bytes,
+            graph_node_id: 0,
+            correlation_id: corr,
+            device_id: 0,
+            stream_id: 7,
+            graph_id: 0,
+            kind: 1,
+            op_id: 0,
+            launch_tid: 1,
+            flags: 0,
+        })
+    }
+
     fn step(step: u64, ts: u64, phase: u32) -> StepRecord {
         StepRecord {
             header: RecordHeader::of::<StepRecord>(),
@@ -2615,24 +2641,8 @@ mod tests {
     /// windows), a step without a kernel record is no evidence: nothing is left out.
     #[test]
     fn copies_without_compute_are_no_iterations() {
-        let copy = |start: u64, bytes: u64, corr: u32| {
-            AnyRecord::GpuMem(GpuMemRecord {
-                header: RecordHeader::of::<GpuMemRecord>(),
-                start_ns: start,
-                end_ns: start + 20,
-                launch_ns: start - 5,
-                bytes,
-                graph_node_id: 0,
-                correlation_id: corr,
-                device_id: 0,
-                stream_id: 7,
-                graph_id: 0,
-                kind: 1,
-                op_id: 0,
-                launch_tid: 1,
-                flags: 0,
-            })
-        };
+        let copy =
+            |start: u64, bytes: u64, corr: u32| htod(start, start + 20, start - 5, bytes, corr);
         let run = |depth: u32| {
             let mut t = TraceAssembler::new();
             t.push(&AnyRecord::Depth(slo_probe_common::DepthRecord {
@@ -2723,22 +2733,7 @@ mod tests {
                 t.push(&AnyRecord::GpuKernel(r));
                 if j == 1 {
                     corr += 1;
-                    t.push(&AnyRecord::GpuMem(GpuMemRecord {
-                        header: RecordHeader::of::<GpuMemRecord>(),
-                        start_ns: launch + 2_160,
-                        end_ns: launch + 2_180,
-                        launch_ns: 0,
-                        bytes: 4096,
-                        graph_node_id: 0,
-                        correlation_id: corr,
-                        device_id: 0,
-                        stream_id: 7,
-                        graph_id: 0,
-                        kind: 1,
-                        op_id: 0,
-                        launch_tid: 1,
-                        flags: 0,
-                    }));
+                    t.push(&htod(launch + 2_160, launch + 2_180, 0, 4096, corr));
                 }
             }
         }

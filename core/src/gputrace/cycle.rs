@@ -608,6 +608,28 @@ mod tests {
         assert_eq!(b[30], v[30 * 11].start_ns);
     }
 
+    /// A model moved to the GPU: `layers` layers' parameters copied 100 ns apart, two kinds of
+    /// layer in turn (a period of 12 copies, as a GPT's blocks on an H100).
+    fn parameter_copies(layers: usize) -> Vec<Activity> {
+        let kinds = [
+            [0x40_0000u64, 0x2000, 0x40_0000, 0x800, 0x800, 0x800],
+            [0x30_0000u64, 0x1800, 0x10_0000, 0x800, 0x800, 0x800],
+        ];
+        (0..layers)
+            .flat_map(|l| kinds[l % 2])
+            .enumerate()
+            .map(|(k, bytes)| {
+                act(
+                    ActivityKind::Memory,
+                    1_000 + 100 * k as u64,
+                    MEM_KIND_HTOD,
+                    bytes,
+                    0,
+                )
+            })
+            .collect()
+    }
+
     /// A model moved to the GPU (each layer's parameters: a period of 12 copies), then steps of
     /// 25 small fills and a device-to-device copy (an H100 recording of the overhead
     /// benchmark's GPT under `torch.compile`, without markers): once the copies' lock is lost,
@@ -615,18 +637,8 @@ mod tests {
     /// scored 0.92, 26 0.91, and 6 came within 0.05 of the best: 899 iterations for 180 steps.
     #[test]
     fn a_lost_lock_leaves_its_tokens_out_of_the_next_search() {
-        let mut v = Vec::new();
-        let mut t = 1_000u64;
-        for _ in 0..12 {
-            for bytes in [0x40_0000u64, 0x2000, 0x40_0000, 0x800, 0x800, 0x800] {
-                v.push(act(ActivityKind::Memory, t, MEM_KIND_HTOD, bytes, 0));
-                t += 100;
-            }
-            for bytes in [0x30_0000u64, 0x1800, 0x10_0000, 0x800, 0x800, 0x800] {
-                v.push(act(ActivityKind::Memory, t, MEM_KIND_HTOD, bytes, 0));
-                t += 100;
-            }
-        }
+        let mut v = parameter_copies(24);
+        let mut t = v.last().map_or(0, |a| a.launch_ns);
         let load = v.len();
         t += 3_000_000_000;
         for _ in 0..30 {
@@ -660,18 +672,8 @@ mod tests {
     /// first does.
     #[test]
     fn a_window_that_begins_in_another_regime_is_searched_from_the_anchor() {
-        let mut v = Vec::new();
-        let mut t = 1_000u64;
-        for _ in 0..8 {
-            for bytes in [0x40_0000u64, 0x2000, 0x40_0000, 0x800, 0x800, 0x800] {
-                v.push(act(ActivityKind::Memory, t, MEM_KIND_HTOD, bytes, 0));
-                t += 100;
-            }
-            for bytes in [0x30_0000u64, 0x1800, 0x10_0000, 0x800, 0x800, 0x800] {
-                v.push(act(ActivityKind::Memory, t, MEM_KIND_HTOD, bytes, 0));
-                t += 100;
-            }
-        }
+        let mut v = parameter_copies(16);
+        let mut t = v.last().map_or(0, |a| a.launch_ns);
         for i in 0..62u64 {
             t += 10_000_000 + (i * 7919 % 2_000_000);
             v.push(act(ActivityKind::Memory, t, MEM_KIND_MEMSET, 432, 0));
