@@ -354,6 +354,11 @@ fn occurrences(anchor: &[u64], toks: &[(u64, u64)]) -> Vec<(usize, u64)> {
 /// phase is the host-to-device copy after the longest host gap (the step fetching its batch),
 /// or, without such copies, whatever token follows the longest gap.
 fn search(window: &[(u64, u64)]) -> Option<Lock> {
+    search_in(window, true)
+}
+
+/// [`search`], which may start again once (`again`) where its anchor first occurs.
+fn search_in(window: &[(u64, u64)], again: bool) -> Option<Lock> {
     let seq: Vec<u64> = window.iter().map(|t| t.0).collect();
     let p = detect_period(&seq, 1)?;
     if seq.len() < MIN_PERIODS * p.max(2) {
@@ -404,8 +409,8 @@ fn search(window: &[(u64, u64)]) -> Option<Lock> {
     // the anchor's first occurrence (on an H100, a GPT's 12-token copies and then one fill a
     // step locked on four fills: four steps an iteration).
     let first = occurrences(&lock.anchor, window).first().map_or(0, |o| o.0);
-    if first > LOST_AFTER_PERIODS * p {
-        return search(&window[first..]);
+    if again && first > LOST_AFTER_PERIODS * p {
+        return search_in(&window[first..], false);
     }
     Some(lock)
 }
@@ -415,6 +420,9 @@ const STEADY_WITHIN: f64 = 0.5;
 
 /// The share of a lone token's gaps that must be steady.
 const STEADY_SHARE: f64 = 0.8;
+
+/// The last occurrences of a lone token whose gaps are read.
+const LONE_RECENT: usize = 64;
 
 /// How far the median of every other gap may be from the median of the others, as a share of
 /// the median gap, for a lone token to be one a step.
@@ -428,7 +436,7 @@ const ALTERNATION: f64 = 0.15;
 /// sample windows only) had one 432-byte fill a step, 8.7-14.7 ms apart: refused, its kernels
 /// in the windows made 44 iterations of its 179 steps.
 fn one_a_step(window: &[(u64, u64)], p: usize) -> Option<Lock> {
-    let recent = &window[window.len().saturating_sub(RECENT_PERIODS.max(64) * p)..];
+    let recent = &window[window.len().saturating_sub(LONE_RECENT * p)..];
     let gaps: Vec<f64> = recent
         .windows(2)
         .map(|w| w[1].1.saturating_sub(w[0].1) as f64)
