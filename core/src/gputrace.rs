@@ -1403,18 +1403,18 @@ impl TraceAssembler {
                 b
             }
         };
+        let cut = (boundaries.len() >= 2).then(|| boundaries[boundaries.len() - 1]);
         let windows: Vec<(u64, u64, u64)> = boundaries
             .windows(2)
+            .filter(|w| self.ran_compute(w[0], w[1]) || !self.depth.traced(w[0], w[1]))
             .enumerate()
             .map(|(k, w)| (self.next_detected + k as u64, w[0], w[1]))
             .collect();
         self.next_detected += windows.len() as u64;
-        let cut = windows.last().map(|w| w.2);
         if let Some(cut) = cut {
             self.cycle.retire(cut);
         }
-        let mut out = self.cut(&windows, false, false);
-        self.drop_idle_detected(&mut out);
+        let out = self.cut(&windows, false, false);
         if flush {
             self.pending.clear();
             self.pending_sorted = 0;
@@ -1426,26 +1426,23 @@ impl TraceAssembler {
         out
     }
 
-    /// Leaves out detected iterations that ran no compute (no kernel, no graph launch) although
-    /// the shim traced kernels all along: a period of copies alone is no training step. Moving
-    /// a model to the GPU copies each layer's parameters in the same sizes, a period the
-    /// copies' tokens lock on (H100, 2026-12-07: a GPT under `torch.compile` started with 7
-    /// such "iterations" of ~3 ms before compilation; `cycle.rs`). The ones kept are numbered
-    /// on.
-    fn drop_idle_detected(&mut self, out: &mut Vec<Iteration>) {
-        let before = out.len();
-        out.retain(|it| {
-            it.kernels > 0 || it.graph_launches > 0 || !self.depth.traced(it.start_ns, it.end_ns)
-        });
-        let dropped = before - out.len();
-        if dropped == 0 {
-            return;
-        }
-        self.next_detected -= dropped as u64;
-        let first = self.next_detected - out.len() as u64;
-        for (k, it) in out.iter_mut().enumerate() {
-            it.step = first + k as u64;
-        }
+    /// Whether a pending activity anchored from `b` to `e` ran compute (a kernel or a graph).
+    /// A detected iteration without any, while the shim traced kernels all along, is no
+    /// training step (`take_detected` leaves it out): a period of copies alone. Moving a model
+    /// to the GPU copies each layer's parameters in the same sizes, a period the copies' tokens
+    /// lock on (H100, 2026-12-07: a GPT under `torch.compile` started with 7 such "iterations"
+    /// of ~3 ms before compilation; `cycle.rs`). Left out before they are summarised: a flood
+    /// of copies at a steady pace (one an iteration) would otherwise make and drop an
+    /// iteration per copy.
+    fn ran_compute(&self, b: u64, e: u64) -> bool {
+        let lo = self.pending.partition_point(|a| a.anchor_ns() < b);
+        let hi = self.pending.partition_point(|a| a.anchor_ns() < e);
+        self.pending[lo..hi.max(lo)].iter().any(|a| {
+            matches!(
+                a.kind,
+                ActivityKind::Kernel | ActivityKind::GraphKernel | ActivityKind::Graph
+            )
+        })
     }
 
     /// Boundaries where the copies, fills and graph launches give none: each launch of the
