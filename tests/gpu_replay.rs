@@ -532,7 +532,7 @@ fn a_sampled_eager_job_has_its_own_step_times() {
 /// `markers_that_begin_late_restart_the_iterations`), and those copies are no iterations.
 #[test]
 fn automatic_markers_that_begin_late_are_the_iterations() {
-    let s = replay_compile_automarkers(false);
+    let s = replay_live("h100-compile-automarkers.bin.gz", false);
     assert_eq!(s.iterations_total, 89);
     assert!(s.iterations.iter().all(|i| i.marked));
     assert!(s.stats.as_ref().is_some_and(|st| st.marked));
@@ -544,7 +544,7 @@ fn automatic_markers_that_begin_late_are_the_iterations() {
 /// (96 in all) until detected iterations without compute under kernel tracing were left out.
 #[test]
 fn a_compiled_job_without_markers_counts_no_iterations_before_its_first_step() {
-    let s = replay_compile_automarkers(true);
+    let s = replay_live("h100-compile-automarkers.bin.gz", true);
     assert_eq!(s.iterations_total, 89);
     assert!(s.iterations.iter().all(|i| !i.marked && i.kernels > 0));
 }
@@ -574,11 +574,6 @@ fn jobs_without_markers_whose_batches_are_on_the_gpu_count_their_steps() {
         );
         assert!(s.iterations.iter().all(|i| !i.marked));
     }
-}
-
-/// Replays `h100-compile-automarkers.bin.gz` with time moving as in the agent.
-fn replay_compile_automarkers(ignore_markers: bool) -> ProcessSnapshot {
-    replay_live("h100-compile-automarkers.bin.gz", ignore_markers)
 }
 
 /// Replays a gzipped recording with time moving as in the agent.

@@ -449,24 +449,22 @@ fn one_a_step(window: &[(u64, u64)], p: usize) -> Option<Lock> {
     if gaps.len() < 2 * MIN_PERIODS {
         return None;
     }
-    let mut sorted = gaps.clone();
-    sorted.sort_by(f64::total_cmp);
-    let median = sorted[sorted.len() / 2];
+    let median_of = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let median = median_of(gaps.clone());
     if median < MIN_LONE_GAP_NS {
         return None;
     }
-    let steady = gaps
+    let near = gaps
         .iter()
         .filter(|&&g| (g - median).abs() <= STEADY_WITHIN * median)
         .count();
     // Medians, so that one long gap (the first step after compilation) decides nothing.
-    let median_of = |parity: usize| {
-        let mut v: Vec<f64> = gaps.iter().skip(parity).step_by(2).copied().collect();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let steady = steady as f64 >= STEADY_SHARE * gaps.len() as f64
-        && (median_of(0) - median_of(1)).abs() <= ALTERNATION * median;
+    let every_other = |parity: usize| gaps.iter().skip(parity).step_by(2).copied().collect();
+    let steady = near as f64 >= STEADY_SHARE * gaps.len() as f64
+        && (median_of(every_other(0)) - median_of(every_other(1))).abs() <= ALTERNATION * median;
     steady.then(|| Lock {
         period: 1,
         anchor: vec![window[window.len() - 1].0],
