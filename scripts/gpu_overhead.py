@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """The training job of scripts/gpu-overhead: a small GPT-style transformer LM in plain PyTorch,
-trained on random tokens, that measures what slo-probe's CUPTI shim costs it.
+trained on random tokens (--model gpt, sizes batch x sequence), or a ResNet-18-shaped
+convolutional net trained on random images (--model convnet, sizes batch x image side: the real-
+fault suite's other kind of model, without its data loader), that measures what slo-probe's
+CUPTI shim costs it. Data stays on the GPU in both.
 
 Modes (--run):
   ab       in-process A/B for one execution mode and one or more sizes: blocks of --block-steps
@@ -52,6 +55,8 @@ except ImportError:  # the dry run here, without torch
     HAVE_TORCH = False
 
 CONDITIONS = ("default", "released", "kernels", "control")
+# Labels begin with the model where it is not the GPT (the results before the convnet have none).
+MODEL_LABELS = {"gpt": "", "convnet": "convnet "}
 DEFAULT_CONDITIONS = "default,released,kernels"
 
 
@@ -101,6 +106,39 @@ if HAVE_TORCH:
                 x = blk(x)
             return self.head(self.ln(x))
 
+    class BasicBlock(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(cout)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.down = None
+            if stride != 1 or cin != cout:
+                self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+        def forward(self, x: "torch.Tensor") -> "torch.Tensor":
+            out = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
+            return F.relu(out + (x if self.down is None else self.down(x)))
+
+    class ConvNet(nn.Module):
+        """ResNet-18's shape (four stages of two basic blocks), width `w`; returns the loss."""
+
+        def __init__(self, w: int, classes: int) -> None:
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, w, 3, 2, 1, bias=False), nn.BatchNorm2d(w), nn.ReLU(),
+                                      nn.MaxPool2d(3, 2, 1))
+            stages, cin = [], w
+            for i, c in enumerate((w, 2 * w, 4 * w, 8 * w)):
+                stages.append(nn.Sequential(BasicBlock(cin, c, 1 if i == 0 else 2), BasicBlock(c, c, 1)))
+                cin = c
+            self.stages = nn.Sequential(*stages)
+            self.fc = nn.Linear(cin, classes)
+
+        def forward(self, images: "torch.Tensor", labels: "torch.Tensor") -> "torch.Tensor":
+            x = self.stages(self.stem(images.float() / 255.0))
+            return F.cross_entropy(self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)), labels)
+
 
 class Job:
     """One (mode, batch, seq) training setup: `step()` runs one iteration; `sync()` waits for
@@ -121,7 +159,11 @@ class Job:
         torch.manual_seed(0)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-        model = GPT(args.vocab, max(seq, 16), args.dim, args.layers, args.heads).to(self.device)
+        self.convnet = getattr(args, "model", "gpt") == "convnet"
+        if self.convnet:
+            model: "nn.Module" = ConvNet(args.width, args.classes).to(self.device)
+        else:
+            model = GPT(args.vocab, max(seq, 16), args.dim, args.layers, args.heads).to(self.device)
         self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         self.fwd: Callable[..., Any] = model
         if mode == "compile":
@@ -130,9 +172,17 @@ class Job:
             self.fwd = torch.compile(model, mode="reduce-overhead")
         g = torch.Generator(device=self.device).manual_seed(1)
         # A few batches rotated, so that no step reuses the previous one's input buffer.
-        self.data = [
-            torch.randint(0, args.vocab, (batch, seq + 1), device=self.device, generator=g) for _ in range(4)
-        ]
+        if self.convnet:
+            # `seq` is the image side here; images as a loader hands them over (uint8).
+            self.data = [
+                (torch.randint(0, 256, (batch, 3, seq, seq), device=self.device, generator=g, dtype=torch.uint8),
+                 torch.randint(0, args.classes, (batch,), device=self.device, generator=g))
+                for _ in range(4)
+            ]
+        else:
+            self.data = [
+                torch.randint(0, args.vocab, (batch, seq + 1), device=self.device, generator=g) for _ in range(4)
+            ]
         self.i = 0
         self.vocab = args.vocab
         self.sync = torch.cuda.synchronize if cuda else (lambda: None)  # type: ignore[assignment]
@@ -142,8 +192,11 @@ class Job:
         self.i += 1
         if self.mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
-        logits = self.fwd(d[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, self.vocab), d[:, 1:].reshape(-1))
+        if self.convnet:
+            loss = self.fwd(*d)
+        else:
+            logits = self.fwd(d[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, self.vocab), d[:, 1:].reshape(-1))
         loss.backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
@@ -439,7 +492,7 @@ def run_ab(args: argparse.Namespace, sizes: List[tuple]) -> int:
                         "traceback": traceback.format_exc()[-4000:]})
 
     for batch, seq in sizes:
-        label = f"{args.mode} {batch}x{seq}" + MARKER_LABELS[args.markers]
+        label = f"{MODEL_LABELS[args.model]}{args.mode} {batch}x{seq}" + MARKER_LABELS[args.markers]
         if time.time() > args.deadline - args.min_unit_s:
             log(f"{label}: skipped, {args.deadline - time.time():.0f} s left")
             emit(args.out, {"kind": "skipped", "label": label, "mode": args.mode, "why": "time budget"})
@@ -500,7 +553,7 @@ def run_ab(args: argparse.Namespace, sizes: List[tuple]) -> int:
 
 def run_pair(args: argparse.Namespace, sizes: List[tuple]) -> int:
     batch, seq = sizes[0]
-    label = f"{args.mode} {batch}x{seq}"
+    label = f"{MODEL_LABELS[args.model]}{args.mode} {batch}x{seq}"
     t0 = time.time()
     job = Job(args.mode, batch, seq, args)
     run_steps(job, args.warmup)
@@ -539,11 +592,15 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", choices=("ab", "pair"), default="ab")
     p.add_argument("--mode", choices=("eager", "compile", "reduce-overhead"), default="eager")
-    p.add_argument("--sizes", default="4x128,16x512", help="batch x sequence, comma-separated")
+    p.add_argument("--model", choices=("gpt", "convnet"), default="gpt")
+    p.add_argument("--sizes", default="4x128,16x512",
+                   help="batch x sequence (gpt) or batch x image side (convnet), comma-separated")
     p.add_argument("--dim", type=int, default=512)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--width", type=int, default=64, help="convnet: channels of its first stage")
+    p.add_argument("--classes", type=int, default=1000, help="convnet: classes")
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--blocks", type=int, default=8, help="rounds: each runs every condition once")
     p.add_argument("--block-steps", type=int, default=50)
@@ -571,6 +628,7 @@ def main() -> int:
     if args.dry_run:
         args.sizes = "2x16"
         args.dim, args.layers, args.heads, args.vocab = 32, 2, 2, 128
+        args.width, args.classes = 8, 10
         # Rounds as asked, up to 12: 5 or more give the summary's intervals.
         args.blocks = min(args.blocks, 12)
         args.warmup, args.block_steps, args.block_warm = 2, 5, 1
