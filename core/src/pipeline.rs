@@ -605,15 +605,44 @@ pub fn drive_ticks<'a>(
     records: impl IntoIterator<Item = (u64, AnyRecord<'a>)>,
     host: &[HostSample],
     gpu: Option<&GpuHistory>,
+    tick: impl FnMut(&mut ProcessPipeline, u64),
+) {
+    drive_every(p, records, host, gpu, 0, tick);
+}
+
+/// [`drive_ticks`], advancing the pipeline also every `every_ns` of record time (0: only at the
+/// host samples): the live agent drains its shims' rings and advances every 50 ms
+/// (`agent/src/sources/shim`), and how often iterations are taken changes what detection finds
+/// (2026-12-07, H100: the overhead benchmark's GPT under `reduce-overhead` without markers,
+/// 228 iterations taken at the host samples, 894 taken every 50 ms as live).
+pub fn drive_every<'a>(
+    p: &mut ProcessPipeline,
+    records: impl IntoIterator<Item = (u64, AnyRecord<'a>)>,
+    host: &[HostSample],
+    gpu: Option<&GpuHistory>,
+    every_ns: u64,
     mut tick: impl FnMut(&mut ProcessPipeline, u64),
 ) {
     let mut next = 0;
+    let mut advanced: Option<u64> = None;
     for (at, r) in records {
         while next < host.len() && host[next].at_ns < at {
             p.push_host(host[next].clone());
-            p.advance(host[next].at_ns, gpu, true);
-            tick(p, host[next].at_ns);
+            // Time never goes back: an advance every `every_ns` may have passed this sample.
+            let now = advanced.map_or(host[next].at_ns, |t| t.max(host[next].at_ns));
+            p.advance(now, gpu, true);
+            tick(p, now);
             next += 1;
+        }
+        if every_ns > 0 && at > 0 {
+            match advanced {
+                Some(t) if at >= t + every_ns => {
+                    p.advance(at, gpu, true);
+                    advanced = Some(at);
+                }
+                None => advanced = Some(at),
+                _ => {}
+            }
         }
         p.push(&r);
     }

@@ -132,6 +132,12 @@ pub enum Cmd {
         /// as late as the live agent got them.
         #[arg(long)]
         arrival: bool,
+        /// With host samples: also advance the pipeline every MS of record time, as the live
+        /// agent does every 50 ms (by default only at the host samples). With 50, a replay
+        /// counts iterations without markers as the live agent did (see README: some jobs'
+        /// live counts are still wrong).
+        #[arg(long, value_name = "MS")]
+        advance_ms: Option<u64>,
     },
     /// Work on GPU recordings (the <pid>.bin files of shim.record_dir).
     Recording {
@@ -393,10 +399,15 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             no_sidecars,
             no_heal,
             arrival,
+            advance_ms,
         } => {
             anyhow::ensure!(
                 window_ms.is_none_or(|w| (100..=3_600_000).contains(&w)),
                 "--window-ms must be 100..=3600000"
+            );
+            anyhow::ensure!(
+                advance_ms.is_none_or(|a| (1..=60_000).contains(&a)),
+                "--advance-ms must be 1..=60000"
             );
             let limits = match compute_capability.as_deref() {
                 None => None,
@@ -427,6 +438,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 sidecars: !no_sidecars,
                 heal: (!no_heal).then(|| heal.healer_config()),
                 arrival,
+                advance_ms,
             };
             let mut out = Vec::new();
             for (i, f) in files.iter().enumerate() {

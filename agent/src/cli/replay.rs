@@ -108,6 +108,9 @@ pub struct ReplayOptions {
     /// what the live agent had (the GPT under CUDA graphs of 2026-12-04: GPU records 10–13 s
     /// behind the markers). Replays with host samples only.
     pub arrival: bool,
+    /// Also advance the pipeline every this many ms of record time, as the live agent does
+    /// every 50 ms (`None`: only at the host samples, as before). Replays with host samples only.
+    pub advance_ms: Option<u64>,
 }
 
 /// What was recorded beside `path`: its host samples and NVML's, each in time order (empty
@@ -262,11 +265,12 @@ fn replay_live(
         .heal
         .clone()
         .map(|c| crate::healer::shadow::ShadowHealer::new(pid, c));
-    pipeline::drive_ticks(
+    pipeline::drive_every(
         &mut p,
         records,
         host,
         (!gpu.is_empty()).then_some(&history),
+        opts.advance_ms.unwrap_or(0) * 1_000_000,
         |p, at| {
             if let Some(h) = shadow.as_mut() {
                 h.tick(p.snapshot(), at);
