@@ -159,7 +159,7 @@ class Job:
         torch.manual_seed(0)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-        self.convnet = getattr(args, "model", "gpt") == "convnet"
+        self.convnet = args.model == "convnet"
         if self.convnet:
             model: "nn.Module" = ConvNet(args.width, args.classes).to(self.device)
         else:
