@@ -577,13 +577,19 @@ fn jobs_without_markers_whose_batches_are_on_the_gpu_count_their_steps() {
 }
 
 /// The live agent drains its shims and advances its pipelines every 50 ms. Taken at that pace,
-/// the iterations of two jobs without markers whose batches stay on the GPU are wrong: recorded
+/// the iterations of two jobs without markers whose batches stay on the GPU were wrong: recorded
 /// live on an H100 (2026-12-07, `bench/results/device-2026-12-07c`), the reduce-overhead job
 /// counted 894 live for 229 steps, and 894 here at 50 ms (228 at 200 ms and 1 s); the
 /// GPU-bound eager one 268 live, 248, 248 and 247 here (229 replayed at its host samples'
-/// pace alone). Not fixed yet: run with `--ignored` to see it.
+/// pace alone). Three causes, each fixed where the detection is (`gputrace.rs`, `cycle.rs`):
+/// under reduce-overhead, a take while the job captured its graphs found a period of 2 in a
+/// run of one fill kernel and cut 667 iterations from it (a run of one name has no period);
+/// the eager job's lock, on 10 of its 17 4-byte fills a step, matched every 10 of them while
+/// the rest of its copies had not come (occurrences closer than half a period cut nothing),
+/// and searched again on those fills alone it took them for one token a step (most of the time
+/// between them in one gap a step: refused); a copy whose launch was placed before a cut went
+/// missing from the next take's sequence (carried into it).
 #[test]
-#[ignore = "iterations without markers depend on how often they are taken (README, 2026-12-07)"]
 fn iterations_without_markers_do_not_depend_on_how_often_they_are_taken() {
     let dir = slo_probe_tests::tempdir("gpu-replay", "pace");
     let mut wrong = Vec::new();

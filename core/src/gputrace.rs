@@ -1349,7 +1349,9 @@ impl TraceAssembler {
     /// failed one, as a search compares up to [`PERIOD_WINDOW`]² / 3 pairs).
     fn kernel_period(&mut self, names: &[u32]) -> Option<usize> {
         if let Some(p) = self.period {
-            if cycle::period_score(tail(names), p) >= cycle::PERIOD_MATCH {
+            if cycle::period_score(tail(names), p) >= cycle::PERIOD_MATCH
+                && !one_name(tail(names), p)
+            {
                 return Some(p);
             }
             self.period = None;
@@ -2327,8 +2329,34 @@ fn tail(seq: &[u32]) -> &[u32] {
 /// The period `p` (2 ≤ p ≤ len/3) of the kernel-name sequence over its last
 /// [`PERIOD_WINDOW`] elements (see [`cycle::detect_period`]); the recent window skips start-up
 /// steps, which launch one-off kernels.
+///
+/// A sequence that is one name repeated (a run of fills zeroing buffers, an autotuner timing
+/// one kernel) has every period and no iterations: a period whose every phase is mostly the
+/// same name is none ([`one_name`]). On an H100, a GPT under `torch.compile(mode=
+/// "reduce-overhead")` launched ~3,600 kernels while it compiled and captured its graphs, most
+/// of them one fill; their period of 2 cut 667 "iterations" of ~120 µs before its first step.
 pub fn detect_period(seq: &[u32]) -> Option<usize> {
-    cycle::detect_period(tail(seq), 2)
+    let seq = tail(seq);
+    cycle::detect_period(seq, 2).filter(|&p| !one_name(seq, p))
+}
+
+/// Whether every phase `r` of period `p` in `seq` (the names at `r`, `r + p`, ...) has the same
+/// most frequent name: a run of one name, whatever the period found in it.
+fn one_name(seq: &[u32], p: usize) -> bool {
+    if p == 0 || seq.len() < p {
+        return false;
+    }
+    let mut counts: FxHashMap<(usize, u32), u32> = FxHashMap::default();
+    for (i, &n) in seq.iter().enumerate() {
+        *counts.entry((i % p, n)).or_default() += 1;
+    }
+    let mut modes: Vec<(u32, u32)> = vec![(0, 0); p];
+    for (&(r, n), &c) in &counts {
+        if (c, std::cmp::Reverse(n)) > (modes[r].1, std::cmp::Reverse(modes[r].0)) {
+            modes[r] = (n, c);
+        }
+    }
+    modes.iter().all(|m| m.0 == modes[0].0)
 }
 
 /// Total length of the time covered by both interval sets (each sorted and merged here).
@@ -3039,6 +3067,18 @@ mod tests {
             Some(3)
         );
         assert_eq!(detect_period(&[1, 2, 3, 4, 5, 6, 7, 8, 9]), None);
+        // One name repeated (fills while a graph is captured, an autotuner's timing loop), with
+        // a few others among them: no period.
+        let others = [5, 40, 41, 97, 150, 151, 230, 288];
+        let fills: Vec<u32> = (0..300)
+            .map(|i| if others.contains(&i) { 2 } else { 1 })
+            .collect();
+        assert_eq!(cycle::detect_period(&fills, 2), Some(2));
+        assert_eq!(detect_period(&fills), None);
+        // A step of several names, one of them most of it, has its period.
+        let step = [1, 1, 1, 1, 2, 1, 1, 3];
+        let steps: Vec<u32> = step.iter().copied().cycle().take(240).collect();
+        assert_eq!(detect_period(&steps), Some(8));
     }
 
     #[test]
