@@ -599,19 +599,24 @@ fn iterations_without_markers_do_not_depend_on_how_often_they_are_taken() {
     ] {
         let bin = dir.join(name.trim_end_matches(".gz"));
         std::fs::write(&bin, gunzip(name)).expect("write the recording");
-        for every_ms in [50u64, 200, 1000] {
-            // As `slo-probe replay --arrival --advance-ms` replays it.
+        // Every 50 ms with the clock as far ahead of the records as 0.5 s (live it is, while
+        // CUPTI holds records in its buffers), and every 200 ms and 1 s.
+        for (every_ms, ahead_ms) in [(50u64, 0u64), (50, 200), (50, 500), (200, 0), (1000, 0)] {
+            // As `slo-probe replay --arrival --advance-ms --clock-ahead-ms` replays it.
             let opts = slo_probe::cli::replay::ReplayOptions {
                 limits: SmLimits::for_capability(9, 0),
                 spec: Some(slo_probe_core::slo::SloSpec::default()),
                 arrival: true,
                 advance_ms: Some(every_ms),
+                clock_ahead_ms: ahead_ms,
                 ..Default::default()
             };
             let r = slo_probe::cli::replay::replay_with(&bin, &opts).expect("replays");
             let n = r.process.iterations_total;
             if n.abs_diff(expected) * 100 > expected {
-                wrong.push(format!("{name} every {every_ms} ms: {n} for {expected}"));
+                wrong.push(format!(
+                    "{name} every {every_ms} ms, {ahead_ms} ms ahead: {n} for {expected}"
+                ));
             }
         }
     }

@@ -607,37 +607,53 @@ pub fn drive_ticks<'a>(
     gpu: Option<&GpuHistory>,
     tick: impl FnMut(&mut ProcessPipeline, u64),
 ) {
-    drive_every(p, records, host, gpu, 0, tick);
+    drive_every(p, records, host, gpu, Every::default(), tick);
 }
 
-/// [`drive_ticks`], advancing the pipeline also every `every_ns` of record time (0: only at the
-/// host samples): the live agent drains its shims' rings and advances every 50 ms
-/// (`agent/src/sources/shim`), and how often iterations are taken changes what detection finds
-/// (2026-12-07, H100: the overhead benchmark's GPT under `reduce-overhead` without markers,
-/// 228 iterations taken at the host samples, 894 taken every 50 ms as live).
+/// How often [`drive_every`] advances a pipeline besides the host samples.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Every {
+    /// Every this much record time, ns (0: only at the host samples).
+    pub every_ns: u64,
+    /// Each such advance at this much past the record time, ns: live, the agent's clock runs
+    /// ahead of the records it has (CUPTI hands them over in buffers), so what it takes at
+    /// `now` has less of what ended before `now - settle` than a replay at the record time.
+    pub ahead_ns: u64,
+}
+
+/// [`drive_ticks`], advancing the pipeline also every `every.every_ns` of record time: the
+/// live agent drains its shims' rings and advances every 50 ms (`agent/src/sources/shim`), and
+/// how often iterations are taken changed what detection found (2026-12-07, H100: the overhead
+/// benchmark's GPT under `reduce-overhead` without markers, 228 iterations taken at the host
+/// samples, 894 taken every 50 ms as live, before `gputrace` was made to hold its cuts).
 pub fn drive_every<'a>(
     p: &mut ProcessPipeline,
     records: impl IntoIterator<Item = (u64, AnyRecord<'a>)>,
     host: &[HostSample],
     gpu: Option<&GpuHistory>,
-    every_ns: u64,
+    every: Every,
     mut tick: impl FnMut(&mut ProcessPipeline, u64),
 ) {
     let mut next = 0;
+    // The record time of the last periodic advance, and the latest time advanced to.
     let mut advanced: Option<u64> = None;
+    let mut floor = 0u64;
     for (at, r) in records {
         while next < host.len() && host[next].at_ns < at {
             p.push_host(host[next].clone());
-            // Time never goes back: an advance every `every_ns` may have passed this sample.
-            let now = advanced.map_or(host[next].at_ns, |t| t.max(host[next].at_ns));
+            // Time never goes back: a periodic advance may have passed this sample.
+            let now = floor.max(host[next].at_ns);
             p.advance(now, gpu, true);
+            floor = now;
             tick(p, now);
             next += 1;
         }
-        if every_ns > 0 && at > 0 {
+        if every.every_ns > 0 && at > 0 {
             match advanced {
-                Some(t) if at >= t + every_ns => {
-                    p.advance(at, gpu, true);
+                Some(t) if at >= t + every.every_ns => {
+                    let now = floor.max(at + every.ahead_ns);
+                    p.advance(now, gpu, true);
+                    floor = now;
                     advanced = Some(at);
                 }
                 None => advanced = Some(at),
@@ -648,8 +664,10 @@ pub fn drive_every<'a>(
     }
     for s in &host[next..] {
         p.push_host(s.clone());
-        p.advance(s.at_ns, gpu, true);
-        tick(p, s.at_ns);
+        let now = floor.max(s.at_ns);
+        p.advance(now, gpu, true);
+        floor = now;
+        tick(p, now);
     }
     p.finish(gpu);
 }

@@ -134,10 +134,15 @@ pub enum Cmd {
         arrival: bool,
         /// With host samples: also advance the pipeline every MS of record time, as the live
         /// agent does every 50 ms (by default only at the host samples). With 50, a replay
-        /// counts iterations without markers as the live agent did (see README: some jobs'
-        /// live counts are still wrong).
+        /// takes iterations at the live agent's pace.
         #[arg(long, value_name = "MS")]
         advance_ms: Option<u64>,
+        /// With --advance-ms: make each of those advances MS past the record time. Live, CUPTI
+        /// hands records over in buffers and the agent's clock runs ahead of what it has, so
+        /// it takes iterations with less of their records than a replay at the record time
+        /// would (0..=10000, default 0).
+        #[arg(long, value_name = "MS", requires = "advance_ms")]
+        clock_ahead_ms: Option<u64>,
     },
     /// Work on GPU recordings (the <pid>.bin files of shim.record_dir).
     Recording {
@@ -400,6 +405,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             no_heal,
             arrival,
             advance_ms,
+            clock_ahead_ms,
         } => {
             anyhow::ensure!(
                 window_ms.is_none_or(|w| (100..=3_600_000).contains(&w)),
@@ -408,6 +414,10 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             anyhow::ensure!(
                 advance_ms.is_none_or(|a| (1..=60_000).contains(&a)),
                 "--advance-ms must be 1..=60000"
+            );
+            anyhow::ensure!(
+                clock_ahead_ms.is_none_or(|a| a <= 10_000),
+                "--clock-ahead-ms must be 0..=10000"
             );
             let limits = match compute_capability.as_deref() {
                 None => None,
@@ -439,6 +449,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 heal: (!no_heal).then(|| heal.healer_config()),
                 arrival,
                 advance_ms,
+                clock_ahead_ms: clock_ahead_ms.unwrap_or(0),
             };
             let mut out = Vec::new();
             for (i, f) in files.iter().enumerate() {

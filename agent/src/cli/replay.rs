@@ -111,6 +111,9 @@ pub struct ReplayOptions {
     /// Also advance the pipeline every this many ms of record time, as the live agent does
     /// every 50 ms (`None`: only at the host samples, as before). Replays with host samples only.
     pub advance_ms: Option<u64>,
+    /// With `advance_ms`: each of those advances this many ms past the record time, as the
+    /// live agent's clock runs ahead of the records it has ([`pipeline::Every::ahead_ns`]).
+    pub clock_ahead_ms: u64,
 }
 
 /// What was recorded beside `path`: its host samples and NVML's, each in time order (empty
@@ -270,7 +273,10 @@ fn replay_live(
         records,
         host,
         (!gpu.is_empty()).then_some(&history),
-        opts.advance_ms.unwrap_or(0) * 1_000_000,
+        pipeline::Every {
+            every_ns: opts.advance_ms.unwrap_or(0) * 1_000_000,
+            ahead_ns: opts.clock_ahead_ms * 1_000_000,
+        },
         |p, at| {
             if let Some(h) = shadow.as_mut() {
                 h.tick(p.snapshot(), at);

@@ -229,6 +229,8 @@ pub(super) struct CycleDetector {
     carried: Vec<Token>,
     /// The last cut: no boundary is before it (a carried token's anchor can be).
     last_cut: u64,
+    /// The horizon at which the last lock was lost, until a search finds one again.
+    lost_at: Option<u64>,
 }
 
 /// Tokens a search may wait for before the first one is given up (at most [`WAIT_NS`]): a
@@ -277,6 +279,7 @@ impl CycleDetector {
             // parameter copies, 12 tokens a layer, then two CUDA graphs a step: 12, six
             // steps an iteration).
             self.history.clear();
+            self.lost_at = Some(horizon);
         }
         let seen = self.retired + toks.len();
         let Some(first) = self
@@ -286,7 +289,16 @@ impl CycleDetector {
             return Found::Nothing;
         };
         self.first_ns = Some(first);
-        let early = seen < WAIT_TOKENS && horizon.saturating_sub(first) < WAIT_NS;
+        // A search may wait at first, and again after a lock was lost: the tokens that stopped
+        // matching may be those that have not come yet, and a search over the rest finds a
+        // period they do not have (on an H100, an eager GPT's copies after a sampled window of
+        // kernels came a second or more after its 4-byte fills; searched at once, the lock was
+        // on the fills alone, or none and the kernels' period merged the steps between two
+        // windows into one iteration of 1 s).
+        let early = (seen < WAIT_TOKENS && horizon.saturating_sub(first) < WAIT_NS)
+            || self
+                .lost_at
+                .is_some_and(|l| horizon.saturating_sub(l) < WAIT_NS);
         let retry = |f: usize| f + (f / 2).clamp(MIN_PERIODS * 2, SEARCH_TOKENS / 4);
         if self.failed_at.is_some_and(|f| seen < retry(f)) {
             return if early { Found::Wait } else { Found::Nothing };
@@ -304,6 +316,7 @@ impl CycleDetector {
         match &self.lock {
             Some(lock) => {
                 self.failed_at = None;
+                self.lost_at = None;
                 Found::Boundaries(ascending(&spaced(lock.occurrences(toks), lock.period)))
             }
             None => {
@@ -490,22 +503,20 @@ const LONE_RECENT: usize = 64;
 
 /// A lone token's median gap below this is no step's pace (the shortest steps the suite and
 /// the overhead benchmark ran were 2.8 ms, under CUDA graphs), ns: a flood of copies 3 µs apart
-/// would be an iteration each.
-const MIN_LONE_GAP_NS: f64 = 100_000.0;
+/// would be an iteration each, and so were 213 device-to-device copies ~140 µs apart while
+/// an H100 compiled a GPT under `torch.compile`.
+const MIN_LONE_GAP_NS: f64 = 1_000_000.0;
 
 /// How far the median of every other gap may be from the median of the others, as a share of
 /// the median gap, for a lone token to be one a step.
 const ALTERNATION: f64 = 0.15;
 
-/// A lone token's median gap must be at least this share of the mean gap (the largest
-/// 1/[`LONE_TRIM`] left out). On an H100 an eager GPT's 17 4-byte fills a step, 0.17 ms apart
-/// and then 14.5 ms to the next step, were all of its tokens that reached the agent for a
-/// second (the rest of its copies came at the job's exit): steady by the median, they made
-/// 17 iterations a step.
-const LONE_MEDIAN_OF_MEAN: f64 = 0.5;
-
-/// The share of a lone token's gaps, 1/this, left out of the mean as pauses.
-const LONE_TRIM: usize = 32;
+/// A lone token's gap this many times its median is a long one; at most one of them in the
+/// gaps read is a pause, more are the step's own gap after a run of the token. On an H100 an
+/// eager GPT's 17 4-byte fills a step, 0.17-0.3 ms apart and then 8-15 ms to the next step,
+/// were all of its tokens that reached the agent for a second (the rest of its copies came
+/// later): steady by the median, they made 17 iterations a step.
+const LONE_LONG_GAP: f64 = 4.0;
 
 /// A sequence of one token repeated (`window`, whose period `p` holds one token only): one a
 /// step only where its occurrences come at a steady pace, every gap like the next. Two a step
@@ -537,15 +548,11 @@ fn one_a_step(window: &[(u64, u64)], p: usize) -> Option<Lock> {
         .count();
     // Medians, so that one long gap (the first step after compilation) decides nothing.
     let every_other = |parity: usize| gaps.iter().skip(parity).step_by(2).copied().collect();
-    // Most of the time between them is in gaps like the median: k of them a step (a run of
-    // fills) leave one long gap a step, which holds most of the time while most gaps are
-    // short. The largest gaps (a pause to save a checkpoint) are left out of the mean.
-    let mut sorted = gaps.clone();
-    sorted.sort_by(f64::total_cmp);
-    let trimmed = &sorted[..sorted.len() - sorted.len() / LONE_TRIM];
-    let mean = trimmed.iter().sum::<f64>() / trimmed.len() as f64;
+    // k of them a step (a run of fills) leave a long gap every k: more than one in the window
+    // is no pause (a checkpoint saved) but the step's own gap.
+    let long = gaps.iter().filter(|&&g| g > LONE_LONG_GAP * median).count();
     let steady = near as f64 >= STEADY_SHARE * gaps.len() as f64
-        && median >= LONE_MEDIAN_OF_MEAN * mean
+        && long <= 1
         && (median_of(every_other(0)) - median_of(every_other(1))).abs() <= ALTERNATION * median;
     steady.then(|| Lock {
         period: 1,
@@ -825,9 +832,10 @@ mod tests {
         );
     }
 
-    /// A run of one fill a step, 17 of them 0.17 ms apart and 14.5 ms to the next run, is steady
-    /// by its median gap but not a step each: refused. With a pause now and then (a checkpoint
-    /// saved every 40 steps), one a step at a steady pace still counts.
+    /// A run of one fill a step, 17 of them 1.2 ms apart and 30 ms to the next run, is steady
+    /// by its median gap but not a step each: refused (so are runs closer than
+    /// [`MIN_LONE_GAP_NS`], like the H100's 0.17-0.3 ms). With a pause now and then (a
+    /// checkpoint saved every 40 steps), one a step at a steady pace still counts.
     #[test]
     fn a_run_of_one_token_a_step_is_no_step_each() {
         let at = |times: &[u64]| -> Vec<Activity> {
@@ -837,7 +845,7 @@ mod tests {
                 .collect()
         };
         let runs: Vec<u64> = (0..20u64)
-            .flat_map(|s| (0..17u64).map(move |k| s * 17_220_000 + k * 170_000))
+            .flat_map(|s| (0..17u64).map(move |k| s * 49_200_000 + k * 1_200_000))
             .collect();
         assert_eq!(
             CycleDetector::default().boundaries(&at(&runs), u64::MAX),
