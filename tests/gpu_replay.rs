@@ -624,6 +624,45 @@ fn iterations_without_markers_do_not_depend_on_how_often_they_are_taken() {
     assert!(wrong.is_empty(), "{wrong:?}");
 }
 
+/// A longer run of the GPU-bound eager job (H100, 2026-12-07, `bench/results/device-2026-12-07d`
+/// call 5: 800 measured steps, 829 complete): live the agent counted 603. The shim's planner
+/// switched kernel tracing off and on under a ~40 ms queue (its log: "duty-cycled again: the GPU
+/// runs 38.9 ms behind", then "held on", then duty-cycled again), and CUPTI then held the
+/// job's copy and fill records other than its 4-byte fills for seconds; the lock on the copies
+/// was lost, the search waited its 5 s for them, then fell back to the kernels' period, whose
+/// iterations span the stretches without kernels (two of 2 s and 0.8 s). Replayed so (by
+/// arrival, every 50 ms, with its host samples) it counts 603, as live; by end time 829. Not fixed: the agent cannot count what it has not
+/// received; the planner should not switch under such a queue (run with `--ignored`).
+#[test]
+#[ignore = "records held back by CUPTI for longer than detection waits (README, 2026-12-07)"]
+fn a_long_run_whose_copies_come_late_counts_its_steps() {
+    let dir = slo_probe_tests::tempdir("gpu-replay", "long");
+    let name = "h100-eager-gpu-nomarkers-long-live.bin.gz";
+    let bin = dir.join(name.trim_end_matches(".gz"));
+    std::fs::write(&bin, gunzip(name)).expect("write the recording");
+    // Its host samples beside it, as the agent wrote them: the replay advances at them too.
+    let host = "h100-eager-gpu-nomarkers-long-live.host.jsonl";
+    std::fs::copy(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/gpu").join(host),
+        dir.join(host),
+    )
+    .expect("copy the host samples");
+    let opts = slo_probe::cli::replay::ReplayOptions {
+        limits: SmLimits::for_capability(9, 0),
+        spec: Some(slo_probe_core::slo::SloSpec::default()),
+        arrival: true,
+        advance_ms: Some(50),
+        sidecars: true,
+        ..Default::default()
+    };
+    let n = slo_probe::cli::replay::replay_with(&bin, &opts)
+        .expect("replays")
+        .process
+        .iterations_total;
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(n.abs_diff(829) * 100 <= 829, "{n} iterations for 829");
+}
+
 /// Replays a gzipped recording with time moving as in the agent.
 fn replay_live(name: &str, ignore_markers: bool) -> ProcessSnapshot {
     let data = gunzip(name);
