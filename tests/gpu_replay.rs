@@ -586,9 +586,11 @@ fn jobs_without_markers_whose_batches_are_on_the_gpu_count_their_steps() {
 /// run of one fill kernel and cut 667 iterations from it (a run of one name has no period);
 /// the eager job's lock, on 10 of its 17 4-byte fills a step, matched every 10 of them while
 /// the rest of its copies had not come (occurrences closer than half a period cut nothing),
-/// and searched again on those fills alone it took them for one token a step (most of the time
-/// between them in one gap a step: refused); a copy whose launch was placed before a cut went
-/// missing from the next take's sequence (carried into it).
+/// and searched again on those fills alone it took them for one token a step (more than one
+/// long gap among them: refused, and a search after a lost lock waits for the rest); a copy
+/// whose launch was placed before a cut went missing from the next take's sequence (carried
+/// into it). Live recordings of the same jobs made later (`device-2026-12-07d`, call 1) replay
+/// within 1% at 50 ms with the agent's clock up to 700 ms ahead of its records.
 #[test]
 fn iterations_without_markers_do_not_depend_on_how_often_they_are_taken() {
     let dir = slo_probe_tests::tempdir("gpu-replay", "pace");
@@ -643,7 +645,9 @@ fn a_long_run_whose_copies_come_late_counts_its_steps() {
     // Its host samples beside it, as the agent wrote them: the replay advances at them too.
     let host = "h100-eager-gpu-nomarkers-long-live.host.jsonl";
     std::fs::copy(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/gpu").join(host),
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/gpu")
+            .join(host),
         dir.join(host),
     )
     .expect("copy the host samples");
