@@ -1349,9 +1349,8 @@ impl TraceAssembler {
     /// failed one, as a search compares up to [`PERIOD_WINDOW`]² / 3 pairs).
     fn kernel_period(&mut self, names: &[u32]) -> Option<usize> {
         if let Some(p) = self.period {
-            if cycle::period_score(tail(names), p) >= cycle::PERIOD_MATCH
-                && !one_name(tail(names), p)
-            {
+            let recent = tail(names);
+            if cycle::period_score(recent, p) >= cycle::PERIOD_MATCH && !one_name(recent, p) {
                 return Some(p);
             }
             self.period = None;

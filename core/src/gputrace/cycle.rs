@@ -583,6 +583,14 @@ mod tests {
         }
     }
 
+    /// One copy or fill (of `mem_kind` and `bytes`) launched at each of `times`.
+    fn copies_at(times: &[u64], mem_kind: u32, bytes: u64) -> Vec<Activity> {
+        times
+            .iter()
+            .map(|&t| act(ActivityKind::Memory, t, mem_kind, bytes, 0))
+            .collect()
+    }
+
     fn found(f: Found) -> Option<Vec<u64>> {
         match f {
             Found::Boundaries(b) => Some(b),
@@ -794,12 +802,7 @@ mod tests {
     /// a short and a long gap, and are refused (the kernels' period is used instead).
     #[test]
     fn one_token_repeated_counts_only_at_a_steady_pace() {
-        let at = |times: &[u64]| -> Vec<Activity> {
-            times
-                .iter()
-                .map(|&t| act(ActivityKind::Memory, t, MEM_KIND_HTOD, 4096, 0))
-                .collect()
-        };
+        let at = |times: &[u64]| copies_at(times, MEM_KIND_HTOD, 4096);
         // Every 10 ms, give or take 1.5 ms.
         let steady: Vec<u64> = (0..50u64)
             .map(|i| 10_000_000 * i + (i * 7919 % 3_000_000))
@@ -838,12 +841,7 @@ mod tests {
     /// checkpoint saved every 40 steps), one a step at a steady pace still counts.
     #[test]
     fn a_run_of_one_token_a_step_is_no_step_each() {
-        let at = |times: &[u64]| -> Vec<Activity> {
-            times
-                .iter()
-                .map(|&t| act(ActivityKind::Memory, t, MEM_KIND_MEMSET, 4, 0))
-                .collect()
-        };
+        let at = |times: &[u64]| copies_at(times, MEM_KIND_MEMSET, 4);
         let runs: Vec<u64> = (0..20u64)
             .flat_map(|s| (0..17u64).map(move |k| s * 49_200_000 + k * 1_200_000))
             .collect();
