@@ -116,7 +116,8 @@ pub struct Config {
     /// [`NO_HOLD_AFTER_COST_NS`] then. A hold's job runs behind on the GPU, where CUPTI's time
     /// on the launching thread mostly hides behind the queue; 8% at 4 µs a record ends holds at
     /// about the launch rate that 3% did at the 1.5 µs assumed before (2026-12-05), so the
-    /// recalibration moved no hold.
+    /// recalibration moved no hold. A job without step markers keeps its hold past this cost
+    /// while the queue stays deep: its copies are its iteration clock (see `update_hold`).
     pub hold_max_share: f64,
     /// Kernel tracing is on from the start and stays on until the queue is known (on a
     /// shallow queue, also until `first_window_step` steps are marked or
@@ -767,7 +768,15 @@ impl Planner {
         if costly.is_some() {
             h.cost_from = *o;
         }
-        let costly = costly.unwrap_or(false);
+        // Without markers the copies and fills traced under the hold are the job's iteration
+        // clock, and the duty cycle that would follow switches kernel activity under the queue,
+        // after which CUPTI held them back for seconds (H100, 2026-12-07, `device-2026-12-07d`
+        // call 6: 321 and 603 iterations counted for 829 steps; held on, 829 and 829). Under a
+        // queue this deep the CPU runs ahead of the GPU and the callbacks' time is spent while
+        // it waits on a full queue: the cost ends such a hold only once the queue is shallow.
+        let clock_under_queue =
+            self.millis && back && self.hold_threshold().is_some_and(|t| o.gpu_lag_ns >= t);
+        let costly = costly.unwrap_or(false) && !clock_under_queue;
         let barren = !back
             && o.kernel_launches > h.from.kernel_launches
             && o.now_ns >= h.from.now_ns + NO_RECORDS_NS;
@@ -1601,6 +1610,43 @@ mod tests {
         assert!((t - 2..=t + 40).contains(&at), "released at step {at}");
     }
 
+    /// A job without step markers under a deep queue: held on although the hold's estimated
+    /// cost (2,000 launches per 200 ms at 4.7 µs each: ~5%) passes a 2% budget, since its
+    /// copies are its iteration clock and the CPU's time is spent waiting on a full queue; once
+    /// the queue is shallow, the same cost ends the hold.
+    #[test]
+    fn a_hold_without_markers_under_a_deep_queue_does_not_end_on_its_cost() {
+        let cfg = Config {
+            hold_max_share: 0.02,
+            ..Config::default()
+        };
+        let mut o = Observed {
+            now_ns: SEC,
+            gpu_lag_ns: 40 * MS,
+            ..Default::default()
+        };
+        let mut p = Planner::new(cfg, o.now_ns);
+        let mut step = |p: &mut Planner, o: &mut Observed| {
+            let depth = p.plan(o).depth;
+            o.now_ns += 200 * MS;
+            o.kernel_launches += 2_000;
+            o.callback_ns += 2_000 * 700;
+            if depth >= DEPTH_KERNELS {
+                o.kernel_records += 2_000;
+            }
+            depth
+        };
+        let depths: Vec<u32> = (0..600).map(|_| step(&mut p, &mut o)).collect();
+        assert!(p.held(), "the hold ended under a 40 ms queue");
+        assert!(depths.iter().all(|&d| d == DEPTH_KERNELS), "switched");
+        // The queue drains (a launch-bound phase): the cost counts again.
+        o.gpu_lag_ns = MS;
+        for _ in 0..20 {
+            step(&mut p, &mut o);
+        }
+        assert!(!p.held(), "held at ~5% cost on a shallow queue");
+    }
+
     /// A job under CUDA graphs: its kernels run inside graphs, which `GRAPH_TRACE` records at
     /// every depth, and a few eager launches per step whose kernel records do not come back
     /// yet. The graph records show that CUPTI hands records over and how deep the queue is, so
@@ -1849,8 +1895,8 @@ mod tests {
 
     /// Memory activity goes with kernel activity once a hold ended on a queue measured shallow
     /// (a launch-bound job's opening hold, ended on its cost), never where the hold ended on its
-    /// cost under a deep queue (without step markers, so no drained switching): there switching
-    /// it would strand records.
+    /// cost under a deep queue (a job with step markers and drained switching off; without
+    /// markers such a hold does not end on its cost): there switching it would strand records.
     #[test]
     fn memory_activity_goes_with_kernels_once_the_queue_is_known_shallow() {
         let mut job = Job::new(8 * MS, 400);
@@ -1859,19 +1905,25 @@ mod tests {
         let changes = run(&mut job, &mut p, 1_000);
         assert_eq!(changes[0].1, DEPTH_TIMING, "the opening hold ended");
         assert!(p.mem_with_kernels() && !p.drains());
-        // A deep queue (150 ms), no markers, a hold that costs 20% of the time: it ends on its
-        // cost, the queue still deep.
+        // A deep queue (150 ms), steps marked, no drained switching, a hold that costs 20% of
+        // the time: it ends on its cost, the queue still deep.
         let mut o = Observed {
             now_ns: SEC,
             gpu_lag_ns: 150 * MS,
             ..Default::default()
         };
-        let mut p = Planner::new(Config::default(), o.now_ns);
+        let cfg = Config {
+            drain_deep: false,
+            ..Config::default()
+        };
+        let mut p = Planner::new(cfg, o.now_ns);
         let mut ended = false;
         for _ in 0..100 {
             let depth = p.plan(&o).depth;
             ended |= depth == DEPTH_TIMING;
             o.now_ns += 200 * MS;
+            o.steps += 1;
+            o.last_step_ns = o.now_ns;
             o.kernel_launches += 1_000;
             if depth >= DEPTH_KERNELS {
                 o.kernel_records += 1_000;
