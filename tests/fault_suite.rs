@@ -232,6 +232,15 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
         detect: true,
         ..opts.clone()
     };
+    // And at the live agent's pace: records fed as they reached it, iterations taken every
+    // 50 ms (replays with the suite's bars by end time above; the count at 50 ms is the one a
+    // user sees live, and it differed before 2026-12-07: 62/64).
+    let live = replay::ReplayOptions {
+        arrival: true,
+        advance_ms: Some(50),
+        ..detect.clone()
+    };
+    let mut live_missed = Vec::new();
     let (mut within, mut detect_top1, mut detect_quiet, mut detect_summed) = (0, 0, 0, 0);
     let (mut detect_n, mut detect_faults, mut detect_healthy, mut markers_only) = (0, 0, 0, 0);
     let mut detect_missed = Vec::new();
@@ -252,6 +261,11 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
         let truth = a["fixture"]["true_steps"].as_u64().unwrap_or(0);
         let got = r.process.iterations.len() as u64;
         within += usize::from(truth > 0 && got.abs_diff(truth) * 100 <= truth);
+        let paced = replay::replay_with(&bin, &live).unwrap_or_else(|e| panic!("{e}"));
+        let got = paced.process.iterations.len() as u64;
+        if truth == 0 || got.abs_diff(truth) * 100 > truth {
+            live_missed.push(format!("{name} ({got} for {truth})"));
+        }
         let violations = violations_of(&r);
         if a["kind"] == "healthy" {
             detect_healthy += 1;
@@ -275,10 +289,12 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
     let _ = std::fs::remove_dir_all(&tmp);
     eprintln!(
         "without markers ({markers_only} recordings that stand only for jobs with markers left \
-         out): iterations within 1% of the true steps in {within}/{detect_n}; top-1 operator \
+         out): iterations within 1% of the true steps in {within}/{detect_n} (at the live \
+         pace: {} off); top-1 operator \
          {detect_top1}/{detect_faults}; causes adding up to the change over their windows \
          (±25%) {detect_summed}/{detect_faults}; healthy runs without a violation \
-         {detect_quiet}/{detect_healthy}"
+         {detect_quiet}/{detect_healthy}",
+        live_missed.len()
     );
     eprintln!(
         "fault suite: {n} recordings; {detected}/{faults} faults with an effect detected; \
@@ -316,6 +332,12 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
     assert!(
         within == detect_n && detect_n + markers_only == n && detect_n >= 25,
         "without markers, iterations within 1% in only {within}/{detect_n}"
+    );
+    assert!(
+        live_missed.is_empty(),
+        "without markers at the live pace (50 ms, records as they arrived), iterations off by \
+         more than 1%: {}",
+        live_missed.join(", ")
     );
     // Top-1 without markers is under the 90% bar since B-45 (28/32): the misses main has and no
     // other. A-04 and A-09 (low occupancy inside CUDA graphs, H200 recordings from before the
