@@ -5,7 +5,7 @@
 //!
 //! Iteration boundaries come from step markers (`slo_probe.step()`) when the script sends them;
 //! otherwise they are detected: from the period of the copies, fills and graph launches, which
-//! are traced at every depth ([`cycle`]); failing that, each launch of the CUDA graph replayed
+//! are traced at every depth (`cycle`); failing that, each launch of the CUDA graph replayed
 //! most often starts an iteration, or, without graphs, the period of the kernel-name sequence.
 
 mod cycle;
@@ -2326,12 +2326,12 @@ fn tail(seq: &[u32]) -> &[u32] {
 }
 
 /// The period `p` (2 ≤ p ≤ len/3) of the kernel-name sequence over its last
-/// [`PERIOD_WINDOW`] elements (see [`cycle::detect_period`]); the recent window skips start-up
+/// `PERIOD_WINDOW` elements (see `cycle::detect_period`); the recent window skips start-up
 /// steps, which launch one-off kernels.
 ///
 /// A sequence that is one name repeated (a run of fills zeroing buffers, an autotuner timing
 /// one kernel) has every period and no iterations: a period whose every phase is mostly the
-/// same name is none ([`one_name`]). On an H100, a GPT under `torch.compile(mode=
+/// same name is none (`one_name`). On an H100, a GPT under `torch.compile(mode=
 /// "reduce-overhead")` launched ~3,600 kernels while it compiled and captured its graphs, most
 /// of them one fill; their period of 2 cut 667 "iterations" of ~120 µs before its first step.
 pub fn detect_period(seq: &[u32]) -> Option<usize> {

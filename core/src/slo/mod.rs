@@ -27,8 +27,8 @@
 //! [`SloSpec::burn_windows`], divided by the budget `1 − target`. The job's score is the
 //! weighted compliance of its nodes.
 //!
-//! When a violation opens or stays open, the breaching windows' [`Profile`] is compared with
-//! the profile of the last healthy windows ([`attribute`]), and the chain from the SLO to the
+//! When a violation opens or stays open, the breaching windows' [`Profile`](crate::attribution::Profile) is compared with
+//! the profile of the last healthy windows ([`attribute`](crate::attribution::attribute)), and the chain from the SLO to the
 //! operator to the host cause is kept with the violation.
 //!
 //! The module is three parts: [`spec`] (what the config says: nodes, metrics, windows, and
