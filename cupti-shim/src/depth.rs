@@ -1626,7 +1626,7 @@ mod tests {
             ..Default::default()
         };
         let mut p = Planner::new(cfg, o.now_ns);
-        let mut step = |p: &mut Planner, o: &mut Observed| {
+        let step = |p: &mut Planner, o: &mut Observed| {
             let depth = p.plan(o).depth;
             o.now_ns += 200 * MS;
             o.kernel_launches += 2_000;
