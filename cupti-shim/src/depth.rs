@@ -117,7 +117,8 @@ pub struct Config {
     /// on the launching thread mostly hides behind the queue; 8% at 4 µs a record ends holds at
     /// about the launch rate that 3% did at the 1.5 µs assumed before (2026-12-05), so the
     /// recalibration moved no hold. A job without step markers keeps its hold past this cost
-    /// while the queue stays deep: its copies are its iteration clock (see `update_hold`).
+    /// until the queue has stayed shallow for [`UNHOLD_AFTER_NS`]: its copies are its iteration
+    /// clock (see `update_hold`).
     pub hold_max_share: f64,
     /// Kernel tracing is on from the start and stays on until the queue is known (on a
     /// shallow queue, also until `first_window_step` steps are marked or
@@ -386,7 +387,8 @@ pub const NO_RECORDS_NS: u64 = 30 * SEC;
 /// first shipped (2026-12-02, second run) opened its first window at step 10, under the queue,
 /// and 28 of 221,997 kernel records came back live; kernels on from the start (before the
 /// job's first launch) delivered all of them. A launch-bound job ends that opening hold at its
-/// first cost check (2 s), a shallow queue after [`UNHOLD_AFTER_NS`]; the first window then
+/// first cost check (2 s; without step markers once its queue has stayed shallow for
+/// [`UNHOLD_AFTER_NS`]), a shallow queue after [`UNHOLD_AFTER_NS`]; the first window then
 /// comes `first_window_step` steps (or `first_window_ms`) later. A window whose launches bring
 /// no record back within [`MAX_DRAIN_NS`] is treated as a deep queue too (held, not switched
 /// off again), and a hold that brings no record back for [`NO_RECORDS_NS`] ends. Under CUDA
@@ -772,11 +774,14 @@ impl Planner {
         // clock, and the duty cycle that would follow switches kernel activity under the queue,
         // after which CUPTI held them back for seconds (H100, 2026-12-07, `device-2026-12-07d`
         // call 6: 321 and 603 iterations counted for 829 steps; held on, 829 and 829). Under a
-        // queue this deep the CPU runs ahead of the GPU and the callbacks' time is spent while
-        // it waits on a full queue: the cost ends such a hold only once the queue is shallow.
-        let clock_under_queue =
-            self.millis && back && self.hold_threshold().is_some_and(|t| o.gpu_lag_ns >= t);
-        let costly = costly.unwrap_or(false) && !clock_under_queue;
+        // deep queue the CPU runs ahead of the GPU and the callbacks' time is spent while it
+        // waits on a full queue: the cost ends such a hold only once the queue has stayed
+        // shallow for UNHOLD_AFTER_NS, not on a moment of it (on an H200 the same job's opening
+        // hold ended on its cost with the GPU 0.7 ms behind, while it built its model; the
+        // first window then switched kernel activity on under a 36 ms queue, and 972
+        // iterations were counted for 829 steps).
+        let shallow_for_long = h.low_since.is_some_and(|t| o.now_ns >= t + UNHOLD_AFTER_NS);
+        let costly = costly.unwrap_or(false) && (!self.millis || shallow_for_long);
         let barren = !back
             && o.kernel_launches > h.from.kernel_launches
             && o.now_ns >= h.from.now_ns + NO_RECORDS_NS;
@@ -1613,7 +1618,7 @@ mod tests {
     /// A job without step markers under a deep queue: held on although the hold's estimated
     /// cost (2,000 launches per 200 ms at 4.7 µs each: ~5%) passes a 2% budget, since its
     /// copies are its iteration clock and the CPU's time is spent waiting on a full queue; once
-    /// the queue is shallow, the same cost ends the hold.
+    /// the queue has been shallow for UNHOLD_AFTER_NS, the same cost ends the hold.
     #[test]
     fn a_hold_without_markers_under_a_deep_queue_does_not_end_on_its_cost() {
         let cfg = Config {
@@ -1639,12 +1644,17 @@ mod tests {
         let depths: Vec<u32> = (0..600).map(|_| step(&mut p, &mut o)).collect();
         assert!(p.held(), "the hold ended under a 40 ms queue");
         assert!(depths.iter().all(|&d| d == DEPTH_KERNELS), "switched");
-        // The queue drains (a launch-bound phase): the cost counts again.
+        // The queue drains (a launch-bound phase): the cost counts again once it stayed so
+        // for UNHOLD_AFTER_NS, not at once.
         o.gpu_lag_ns = MS;
         for _ in 0..20 {
             step(&mut p, &mut o);
         }
-        assert!(!p.held(), "held at ~5% cost on a shallow queue");
+        assert!(p.held(), "ended on its cost 4 s into a shallow queue");
+        for _ in 0..20 {
+            step(&mut p, &mut o);
+        }
+        assert!(!p.held(), "held at ~5% cost on a queue shallow for 8 s");
     }
 
     /// A job under CUDA graphs: its kernels run inside graphs, which `GRAPH_TRACE` records at
