@@ -1617,8 +1617,8 @@ mod tests {
 
     /// A job without step markers under a deep queue: held on although the hold's estimated
     /// cost (2,000 launches per 200 ms at 4.7 µs each: ~5%) passes a 2% budget, since its
-    /// copies are its iteration clock and the CPU's time is spent waiting on a full queue; once
-    /// the queue has been shallow for UNHOLD_AFTER_NS, the same cost ends the hold.
+    /// copies are its iteration clock and the CPU's time is spent waiting on a full queue; on a
+    /// queue shallow from the start, the same cost ends the opening hold after UNHOLD_AFTER_NS.
     #[test]
     fn a_hold_without_markers_under_a_deep_queue_does_not_end_on_its_cost() {
         let cfg = Config {
@@ -1644,17 +1644,36 @@ mod tests {
         let depths: Vec<u32> = (0..600).map(|_| step(&mut p, &mut o)).collect();
         assert!(p.held(), "the hold ended under a 40 ms queue");
         assert!(depths.iter().all(|&d| d == DEPTH_KERNELS), "switched");
-        // The queue drains (a launch-bound phase): the cost counts again once it stayed so
-        // for UNHOLD_AFTER_NS, not at once.
-        o.gpu_lag_ns = MS;
-        for _ in 0..20 {
-            step(&mut p, &mut o);
+        // A shallow queue from the start (a launch-bound job, or one building its model): in
+        // the opening hold (whose shallow end waits OPENING_HOLD_MAX_NS without markers) the
+        // cost ends it once the queue has stayed shallow for UNHOLD_AFTER_NS, not at the first
+        // cost check; the same job at a cost within the budget stays held.
+        for (share, ends) in [(0.02, true), (0.5, false)] {
+            let mut o = Observed {
+                now_ns: SEC,
+                gpu_lag_ns: MS,
+                ..Default::default()
+            };
+            let mut p = Planner::new(
+                Config {
+                    hold_max_share: share,
+                    ..Config::default()
+                },
+                o.now_ns,
+            );
+            for _ in 0..20 {
+                step(&mut p, &mut o);
+            }
+            assert!(p.held(), "ended 4 s into a shallow queue (budget {share})");
+            for _ in 0..20 {
+                step(&mut p, &mut o);
+            }
+            assert_eq!(
+                !p.held(),
+                ends,
+                "after 8 s of a shallow queue (budget {share})"
+            );
         }
-        assert!(p.held(), "ended on its cost 4 s into a shallow queue");
-        for _ in 0..20 {
-            step(&mut p, &mut o);
-        }
-        assert!(!p.held(), "held at ~5% cost on a queue shallow for 8 s");
     }
 
     /// A job under CUDA graphs: its kernels run inside graphs, which `GRAPH_TRACE` records at
