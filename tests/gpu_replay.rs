@@ -646,13 +646,8 @@ fn a_long_run_whose_copies_come_late_counts_its_steps() {
     std::fs::write(&bin, gunzip(name)).expect("write the recording");
     // Its host samples beside it, as the agent wrote them: the replay advances at them too.
     let host = "h100-eager-gpu-nomarkers-long-live.host.jsonl";
-    std::fs::copy(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("fixtures/gpu")
-            .join(host),
-        dir.join(host),
-    )
-    .expect("copy the host samples");
+    let from = format!("{}/fixtures/gpu/{host}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::copy(from, dir.join(host)).expect("copy the host samples");
     let opts = slo_probe::cli::replay::ReplayOptions {
         limits: SmLimits::for_capability(9, 0),
         spec: Some(slo_probe_core::slo::SloSpec::default()),

@@ -1198,6 +1198,18 @@ mod tests {
     }
 
     /// Windows only: no hold at the start.
+    /// A job's first observation (at 1 s, the GPU `lag_ns` behind its launches) and a planner
+    /// started then.
+    fn at_start(lag_ns: u64, cfg: Config) -> (Observed, Planner) {
+        let o = Observed {
+            now_ns: SEC,
+            gpu_lag_ns: lag_ns,
+            ..Default::default()
+        };
+        let p = Planner::new(cfg, o.now_ns);
+        (o, p)
+    }
+
     fn windows_first() -> Config {
         Config {
             hold_at_start: false,
@@ -1436,17 +1448,12 @@ mod tests {
             "lingered DEEP_LINGER_NS"
         );
         // Without step markers (the kernels are the iteration clock), the hold stays.
-        let mut o = Observed {
-            now_ns: SEC,
-            gpu_lag_ns: 150 * MS,
-            ..Default::default()
-        };
-        let mut p = Planner::new(
+        let (mut o, mut p) = at_start(
+            150 * MS,
             Config {
                 drain_deep: true,
                 ..Config::default()
             },
-            o.now_ns,
         );
         for _ in 0..400 {
             let depth = p.plan(&o).depth;
@@ -1576,11 +1583,7 @@ mod tests {
                 o.kernel_launches += 190;
             }
         };
-        let mut o = Observed {
-            now_ns: SEC,
-            ..Default::default()
-        };
-        let mut p = Planner::new(windows_first(), o.now_ns);
+        let (mut o, mut p) = at_start(0, windows_first());
         let mut depth = p.plan(&o).depth;
         let mut held_at = None;
         for i in 0..3_000 {
@@ -1596,11 +1599,7 @@ mod tests {
         assert!(!p.held(), "still held without records");
         assert!(p.no_hold_until > o.now_ns, "a new hold may start");
         // The opening hold gives up the same way.
-        let mut o = Observed {
-            now_ns: SEC,
-            ..Default::default()
-        };
-        let mut p = Planner::new(Config::default(), o.now_ns);
+        let (mut o, mut p) = at_start(0, Config::default());
         let mut depth = p.plan(&o).depth;
         let mut released = None;
         for i in 0..3_000 {
@@ -1625,12 +1624,7 @@ mod tests {
             hold_max_share: 0.02,
             ..Config::default()
         };
-        let mut o = Observed {
-            now_ns: SEC,
-            gpu_lag_ns: 40 * MS,
-            ..Default::default()
-        };
-        let mut p = Planner::new(cfg, o.now_ns);
+        let (mut o, mut p) = at_start(40 * MS, cfg);
         let step = |p: &mut Planner, o: &mut Observed| {
             let depth = p.plan(o).depth;
             o.now_ns += 200 * MS;
@@ -1649,17 +1643,12 @@ mod tests {
         // cost ends it once the queue has stayed shallow for UNHOLD_AFTER_NS, not at the first
         // cost check; the same job at a cost within the budget stays held.
         for (share, ends) in [(0.02, true), (0.5, false)] {
-            let mut o = Observed {
-                now_ns: SEC,
-                gpu_lag_ns: MS,
-                ..Default::default()
-            };
-            let mut p = Planner::new(
+            let (mut o, mut p) = at_start(
+                MS,
                 Config {
                     hold_max_share: share,
                     ..Config::default()
                 },
-                o.now_ns,
             );
             for _ in 0..20 {
                 step(&mut p, &mut o);
@@ -1683,12 +1672,7 @@ mod tests {
     /// cycle switching kernel activity under the queue).
     #[test]
     fn graph_records_keep_a_hold_under_a_deep_queue() {
-        let mut o = Observed {
-            now_ns: SEC,
-            gpu_lag_ns: 40 * MS,
-            ..Default::default()
-        };
-        let mut p = Planner::new(Config::default(), o.now_ns);
+        let (mut o, mut p) = at_start(40 * MS, Config::default());
         let mut depths = Vec::new();
         for _ in 0..3_000 {
             o.now_ns += 30 * MS;
@@ -1701,12 +1685,7 @@ mod tests {
         assert!(p.held(), "the hold ended under a 40 ms queue");
         assert!(depths.iter().all(|&d| d == DEPTH_KERNELS), "switched");
         // The same job without graph records: barren after NO_RECORDS_NS.
-        let mut o = Observed {
-            now_ns: SEC,
-            gpu_lag_ns: 40 * MS,
-            ..Default::default()
-        };
-        let mut p = Planner::new(Config::default(), o.now_ns);
+        let (mut o, mut p) = at_start(40 * MS, Config::default());
         for _ in 0..3_000 {
             o.now_ns += 30 * MS;
             o.steps += 1;
@@ -1845,12 +1824,7 @@ mod tests {
     /// compilation and the graph pin takes over from it: kernel activity is never switched off.
     #[test]
     fn a_compiling_job_is_held_until_its_graphs_pin_tracing() {
-        let mut o = Observed {
-            now_ns: SEC,
-            gpu_lag_ns: 100_000,
-            ..Default::default()
-        };
-        let mut p = Planner::new(Config::default(), o.now_ns);
+        let (mut o, mut p) = at_start(100_000, Config::default());
         let mut depths = Vec::new();
         for _ in 0..150 {
             o.now_ns += 200 * MS;
@@ -1875,12 +1849,7 @@ mod tests {
         assert!(depths.iter().all(|&d| d == DEPTH_KERNELS), "switched");
         // Without markers or graphs, the opening hold on a shallow queue ends after
         // OPENING_HOLD_MAX_NS.
-        let mut o = Observed {
-            now_ns: SEC,
-            gpu_lag_ns: 100_000,
-            ..Default::default()
-        };
-        let mut p = Planner::new(Config::default(), o.now_ns);
+        let (mut o, mut p) = at_start(100_000, Config::default());
         let mut ended = None;
         for _ in 0..600 {
             o.now_ns += 200 * MS;
@@ -1994,11 +1963,7 @@ mod tests {
             assert!(!p.may_quiet(&job.o));
         }
         // Without step markers (the same steps, their clock from the records): never quiet.
-        let mut o = Observed {
-            now_ns: SEC,
-            ..Default::default()
-        };
-        let mut p = Planner::new(Config::default(), o.now_ns);
+        let (mut o, mut p) = at_start(0, Config::default());
         for _ in 0..2_000 {
             let depth = p.plan(&o).depth;
             assert!(!p.may_quiet(&o));
@@ -2148,11 +2113,7 @@ mod tests {
 
     #[test]
     fn without_markers_windows_are_timed() {
-        let mut o = Observed {
-            now_ns: SEC,
-            ..Default::default()
-        };
-        let mut p = Planner::new(windows_first(), o.now_ns);
+        let (mut o, mut p) = at_start(0, windows_first());
         let plan = p.plan(&o);
         assert_eq!(plan.depth, DEPTH_TIMING);
         assert_eq!(plan.wake_ns, Some(3 * SEC));
