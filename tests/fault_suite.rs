@@ -1,5 +1,5 @@
 //! The real-fault suite replayed (issue 12): every fixture recorded on the H200 (the
-//! `*-h100` archives on an H100, 2026-12-06; the `*-eager-drain-h100` ones with the shim's
+//! `*-h100` archives on an H100, 2026-12-06, `faults-A-ro-h100-2` 2026-12-07; the `*-eager-drain-h100` ones with the shim's
 //! drained switching, which only jobs with step markers get: left out of the replays without
 //! markers) by `scripts/gpu-faults`
 //! (tests/fixtures/faults/faults-*.tar.gz: one trimmed recording per
@@ -325,8 +325,8 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
         healthy_acted.join(", ")
     );
     assert!(
-        healthy_quiet >= 18,
-        "healthy runs without a violation {healthy_quiet}/{healthy} fell below main's 18"
+        healthy_quiet >= 19,
+        "healthy runs without a violation {healthy_quiet}/{healthy} fell below main's 19"
     );
     // Without markers: iterations within 1% in every recording (the bar), and top-1 at 90%.
     assert!(
@@ -339,8 +339,8 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
          more than 1%: {}",
         live_missed.join(", ")
     );
-    // Top-1 without markers is under the 90% bar since B-45 (28/32): the misses main has and no
-    // other. A-04 and A-09 (low occupancy inside CUDA graphs, H200 recordings from before the
+    // Top-1 without markers is under the 90% bar since B-45 (31/35 with A-52..A-56): the misses
+    // main has and no other. A-04 and A-09 (low occupancy inside CUDA graphs, H200 recordings from before the
     // capture-time launch configurations: `graph#26`); B-25 and B-45 (the convnet under
     // reduce-overhead in a throttled cgroup, H100 and H200): named `(data loading)` ← throttling,
     // the answer's accepted alternative, since its loaders' run-queue wait grew with the main
@@ -350,9 +350,9 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
         detect_missed
             .iter()
             .all(|n| DETECT_MISSES.iter().any(|k| n.starts_with(k)))
-            && detect_quiet >= 13,
+            && detect_quiet >= 14,
         "without markers, top-1 {detect_top1}/{detect_faults} (bar 90%; missed {}, main misses \
-         only {DETECT_MISSES:?}) and healthy quiet {detect_quiet} (main's floor 13)",
+         only {DETECT_MISSES:?}) and healthy quiet {detect_quiet} (main's floor 14)",
         detect_missed.join(", ")
     );
     // The sum bar (±25%), against the change over the windows the causes were measured over,
