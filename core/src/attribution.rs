@@ -1993,11 +1993,16 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_new_graph_is_named_by_the_operator_its_capture_added() {
+    /// Nodes per capturing operator's label, as [`GraphComposition::nodes`] keeps them.
+    fn labels(pairs: &[(&str, u32)]) -> BTreeMap<String, u32> {
+        pairs.iter().map(|(l, n)| ((*l).to_owned(), *n)).collect()
+    }
+
+    /// torch.compile captured the forward again: graph#5 replaced by graph#17, 3 ms longer,
+    /// with 4 nodes of `blocks.2.attn.extra` more; the backward (graph#8) captured again as it
+    /// was (graph#20), no longer. The baseline, the window after, and how they were captured.
+    fn recaptured() -> (Profile, Profile, GraphComposition) {
         const G: OpKind = OpKind::Graph;
-        // torch.compile captured the forward again: graph#5 replaced by graph#17, 3 ms longer;
-        // the backward (graph#8) captured again as it was (graph#20), no longer.
         let before = profile(
             20,
             &[
@@ -2014,32 +2019,32 @@ mod tests {
             ],
             0,
         );
-        let comp = |pairs: &[(&str, u32)]| -> BTreeMap<String, u32> {
-            pairs.iter().map(|(l, n)| ((*l).to_owned(), *n)).collect()
-        };
         let mut composition = GraphComposition::default();
         let nodes = &mut composition.nodes;
-        nodes.insert(5, comp(&[("", 116), ("blocks.1.mlp", 5)]));
-        nodes.insert(8, comp(&[("", 378), ("blocks.1.mlp", 12)]));
+        nodes.insert(5, labels(&[("", 116), ("blocks.1.mlp", 5)]));
+        nodes.insert(8, labels(&[("", 378), ("blocks.1.mlp", 12)]));
         nodes.insert(
             17,
-            comp(&[("", 121), ("blocks.1.mlp", 5), ("blocks.2.attn.extra", 4)]),
+            labels(&[("", 121), ("blocks.1.mlp", 5), ("blocks.2.attn.extra", 4)]),
         );
-        nodes.insert(20, comp(&[("", 378), ("blocks.1.mlp", 12)]));
-        let mut a = attribute(&before, &now).expect("attribution");
-        assert_eq!(a.top().map(|c| c.op.as_str()), Some("graph#17"));
-        let sum = |a: &Attribution| a.causes.iter().map(|c| c.delta_ns).sum::<f64>();
-        let total = sum(&a);
-        assert!(refine_graph_by_composition(
-            &mut a,
-            &before,
-            &now,
-            &composition
-        ));
+        nodes.insert(20, labels(&[("", 378), ("blocks.1.mlp", 12)]));
+        (before, now, composition)
+    }
+
+    /// [`refine_graph_by_composition`] on [`recaptured`]'s attribution names the operator whose
+    /// capture added nodes: graph#17's 4 of `blocks.2.attn.extra`, against graph#5.
+    fn names_the_added_extra(
+        a: &mut Attribution,
+        before: &Profile,
+        now: &Profile,
+        composition: &GraphComposition,
+    ) {
+        assert!(refine_graph_by_composition(a, before, now, composition));
         let top = a.top().expect("top");
         assert_eq!(
             (top.op.as_str(), top.dimension),
-            ("blocks.2.attn.extra", Dimension::Execution)
+            ("blocks.2.attn.extra", Dimension::Execution),
+            "{a:?}"
         );
         assert!(
             top.detail
@@ -2047,6 +2052,17 @@ mod tests {
             "{}",
             top.detail
         );
+    }
+
+    #[test]
+    fn a_new_graph_is_named_by_the_operator_its_capture_added() {
+        const G: OpKind = OpKind::Graph;
+        let (before, now, mut composition) = recaptured();
+        let mut a = attribute(&before, &now).expect("attribution");
+        assert_eq!(a.top().map(|c| c.op.as_str()), Some("graph#17"));
+        let sum = |a: &Attribution| a.causes.iter().map(|c| c.delta_ns).sum::<f64>();
+        let total = sum(&a);
+        names_the_added_extra(&mut a, &before, &now, &composition);
         assert!((sum(&a) - total).abs() < 1.0, "the deltas are kept: {a:?}");
         // The named operator is no graph: done once.
         assert!(!refine_graph_by_composition(
@@ -2059,7 +2075,7 @@ mod tests {
         // to name.
         let mut same = composition.clone();
         same.nodes
-            .insert(17, comp(&[("", 116), ("blocks.1.mlp", 5)]));
+            .insert(17, labels(&[("", 116), ("blocks.1.mlp", 5)]));
         let mut b = attribute(&before, &now).expect("attribution");
         assert!(!refine_graph_by_composition(&mut b, &before, &now, &same));
         assert_eq!(b.top().map(|c| c.op.as_str()), Some("graph#17"));
@@ -2090,17 +2106,9 @@ mod tests {
     /// 2026-12-07: 10 of 225). It is still the one that replaced the old graph.
     #[test]
     fn a_new_graph_the_baseline_launched_a_little_is_named_by_its_capture() {
-        const G: OpKind = OpKind::Graph;
-        let mut before = profile(
-            20,
-            &[
-                ("graph#5", G, 8_000_000, 0, 0.5),
-                ("graph#8", G, 6_000_000, 0, 0.5),
-            ],
-            0,
-        );
+        let (mut before, now, composition) = recaptured();
         let first = OpAgg {
-            kind: G,
+            kind: OpKind::Graph,
             gpu_ns: 11_000_000,
             critical_ns: 11_000_000,
             count: 2,
@@ -2109,47 +2117,9 @@ mod tests {
             ..Default::default()
         };
         before.ops.insert(OpName(Arc::from("graph#17")), first);
-        let now = profile(
-            20,
-            &[
-                ("graph#17", G, 11_000_000, 0, 0.5),
-                ("graph#8", G, 6_000_000, 0, 0.5),
-            ],
-            0,
-        );
-        let comp = |pairs: &[(&str, u32)]| -> BTreeMap<String, u32> {
-            pairs.iter().map(|(l, n)| ((*l).to_owned(), *n)).collect()
-        };
-        let mut composition = GraphComposition::default();
-        composition
-            .nodes
-            .insert(5, comp(&[("", 116), ("blocks.1.mlp", 5)]));
-        composition
-            .nodes
-            .insert(8, comp(&[("", 378), ("blocks.1.mlp", 12)]));
-        composition
-            .nodes
-            .insert(17, comp(&[("", 116), ("blocks.1.mlp", 15)]));
         let mut a = attribute(&before, &now).expect("attribution");
         assert_eq!(a.top().map(|c| c.op.as_str()), Some("graph#17"), "{a:?}");
-        assert!(refine_graph_by_composition(
-            &mut a,
-            &before,
-            &now,
-            &composition
-        ));
-        let top = a.top().expect("top");
-        assert_eq!(
-            (top.op.as_str(), top.dimension),
-            ("blocks.1.mlp", Dimension::Execution),
-            "{a:?}"
-        );
-        assert!(
-            top.detail
-                .starts_with("10 more of its nodes in graph#17 than in graph#5"),
-            "{}",
-            top.detail
-        );
+        names_the_added_extra(&mut a, &before, &now, &composition);
         // Launched at half its rate now or more, it is no new graph.
         let mut half = before.clone();
         half.ops.get_mut("graph#17").expect("graph#17").count = 20;
