@@ -1,7 +1,7 @@
 //! The real-fault suite replayed (issue 12): every fixture recorded on the H200 (the
-//! `*-h100` archives on an H100, 2026-12-06, `faults-A-ro-h100-2` 2026-12-07; the `*-eager-drain-h100` ones with the shim's
-//! drained switching, which only jobs with step markers get: left out of the replays without
-//! markers) by `scripts/gpu-faults`
+//! `*-h100` archives on an H100, 2026-12-06, `faults-A-ro-h100-2` 2026-12-07; the
+//! `*-eager-drain-h100` ones with the shim's drained switching, which only jobs with step
+//! markers get: left out of the replays without markers) by `scripts/gpu-faults`
 //! (tests/fixtures/faults/faults-*.tar.gz: one trimmed recording per
 //! injected fault or healthy run, its host samples, and the answer the job wrote at the
 //! fault's CLOCK_MONOTONIC onset) goes through `slo-probe replay` as the agent ran it, with the
@@ -339,9 +339,10 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
          more than 1%: {}",
         live_missed.join(", ")
     );
-    // Top-1 without markers is under the 90% bar since B-45 (31/35 with A-52..A-56): the misses
-    // main has and no other. A-04 and A-09 (low occupancy inside CUDA graphs, H200 recordings from before the
-    // capture-time launch configurations: `graph#26`); B-25 and B-45 (the convnet under
+    // Top-1 without markers is under the 90% bar since B-45 (31/35 with A-52..A-56): the
+    // misses main has and no other. A-04 and A-09 (low occupancy inside CUDA graphs, H200
+    // recordings from before the capture-time launch configurations: `graph#26`; A-55, the
+    // same fault recorded with them, is named right); B-25 and B-45 (the convnet under
     // reduce-overhead in a throttled cgroup, H100 and H200): named `(data loading)` ← throttling,
     // the answer's accepted alternative, since its loaders' run-queue wait grew with the main
     // threads' and only the main threads' growth moves to the launches.

@@ -62,6 +62,13 @@ fn wait_for(
     }
 }
 
+/// Whether `Shims::live` failed because another source holds the socket's lock.
+fn owned(e: &std::io::Error) -> bool {
+    e.get_ref()
+        .and_then(|e| e.downcast_ref::<slo_probe::sources::shim::ShimError>())
+        .is_some_and(|e| matches!(e, slo_probe::sources::shim::ShimError::Owned { .. }))
+}
+
 fn socket_path(tag: &str) -> PathBuf {
     std::env::temp_dir().join(format!(
         "slo-probe-test-{tag}-{}/shim.sock",
@@ -438,9 +445,7 @@ fn a_file_at_the_socket_path_is_never_replaced() {
     let deadline = Instant::now() + Duration::from_secs(2);
     let src = loop {
         match Shims::live(&socket) {
-            Err(e)
-                if e.to_string().contains("owns the shim socket") && Instant::now() < deadline =>
-            {
+            Err(e) if owned(&e) && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(20));
             }
             r => break r.expect("a stale socket is replaced"),

@@ -2107,16 +2107,8 @@ mod tests {
     #[test]
     fn a_new_graph_the_baseline_launched_a_little_is_named_by_its_capture() {
         let (mut before, now, composition) = recaptured();
-        let first = OpAgg {
-            kind: OpKind::Graph,
-            gpu_ns: 11_000_000,
-            critical_ns: 11_000_000,
-            count: 2,
-            occ_weighted: 0.5 * 11_000_000.0,
-            occ_ns: 11_000_000,
-            ..Default::default()
-        };
-        before.ops.insert(OpName(Arc::from("graph#17")), first);
+        let first = profile(1, &[("graph#17", OpKind::Graph, 11_000_000, 0, 0.5)], 0);
+        before.ops.extend(first.ops);
         let mut a = attribute(&before, &now).expect("attribution");
         assert_eq!(a.top().map(|c| c.op.as_str()), Some("graph#17"), "{a:?}");
         names_the_added_extra(&mut a, &before, &now, &composition);

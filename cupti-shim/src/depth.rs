@@ -1197,7 +1197,6 @@ mod tests {
         assert_eq!(quiet("sometimes"), (true, false));
     }
 
-    /// Windows only: no hold at the start.
     /// A job's first observation (at 1 s, the GPU `lag_ns` behind its launches) and a planner
     /// started then.
     fn at_start(lag_ns: u64, cfg: Config) -> (Observed, Planner) {
@@ -1210,6 +1209,7 @@ mod tests {
         (o, p)
     }
 
+    /// Windows only: no hold at the start.
     fn windows_first() -> Config {
         Config {
             hold_at_start: false,
