@@ -13,8 +13,9 @@ Both train for real (forward, backward, fused AdamW) on data made on the host by
 cropped out of a pool of "decoded" images), handed to a pin-memory thread (``pt_data_pin``, as
 PyTorch names its own) that copies each batch into one of a ring of pinned buffers, then copied
 host -> device by the main thread with ``non_blocking=True``. Every iteration is marked with
-``slo_probe.step()`` (always; the lead replays the recording with markers ignored for the "without
-markers" case), the host->device copy is ``slo_probe.op("data_to_device")`` and the optimizer
+``slo_probe.step()`` (the lead replays the recording with markers ignored for the "without
+markers" case; ``--markers none`` marks none, so that the shim traces the job as it would one
+that sends no markers, and the answers say ``"markers": "none"``), the host->device copy is ``slo_probe.op("data_to_device")`` and the optimizer
 ``slo_probe.op("optimizer")``; in eager mode ``slo_probe.instrument(model)`` names every module.
 
 Modes: ``eager``; ``compile`` (``torch.compile``); ``reduce-overhead`` (``torch.compile(mode=
@@ -121,6 +122,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--model", choices=("gpt", "convnet"), default="gpt")
     p.add_argument("--mode", choices=("eager", "compile", "reduce-overhead"), default="eager")
     p.add_argument("--size", choices=("launch", "gpu"), default="gpu")
+    p.add_argument("--markers", choices=("explicit", "none"), default="explicit",
+                   help="explicit: slo_probe.step() around every iteration; none: no step markers "
+                        "(operator and module names stay), as a job that sends none")
     p.add_argument("--schedule", default="healthy:20,more_work,extra_kernel",
                    help="comma-separated segments KIND[:F[:H]] or healthy:SECONDS (default F/H: --fault-s/--recover-s)")
     p.add_argument("--schedule-json", default="", help="a JSON list of {kind, fault_s, recover_s} (or a file holding one); wins over --schedule")
@@ -1256,11 +1260,17 @@ class Job:
             log(f"busy: {n} stopped loops on each loader CPU {self.loader_cpus}")
 
     # --- one iteration ---------------------------------------------------------------------
+    def mark_step(self) -> Any:
+        """``slo_probe.step()``, or with ``--markers none`` the step's index and no marker."""
+        if self.a.markers == "none":
+            return contextlib.nullcontext(self.step_idx)
+        return slo_probe.step()
+
     def step(self) -> None:
         a = self.a
         t_begin = mono_ns()
         wait = 0
-        with slo_probe.step() as idx:
+        with self.mark_step() as idx:
             tq = mono_ns()
             kind, x, y, slot = self.pinner.get()
             wait += mono_ns() - tq
@@ -1599,7 +1609,7 @@ class Job:
             notes += "; inside the CUDA graph: graph-level records say graph#<id>, node-level (diagnostic) records name the module"
         return {
             "kind": kind, "pid": self.pid, "rank": self.rank, "world": self.world, "model": a.model, "mode": a.mode,
-            "size": "dry" if a.dry_run else a.size, "label": a.label, "expect": expect, "accept": accept, "notes": notes,
+            "size": "dry" if a.dry_run else a.size, "label": a.label, "markers": a.markers, "expect": expect, "accept": accept, "notes": notes,
             "job": {"main_cpu": a.main_cpu, "pin_cpu": a.pin_cpu, "loader_cpus": self.loader_cpus, "workers": a.workers,
                     "cgroup": a.cgroup, "pids": self.pids, "batch": self.cfg.get("batch")},
         }

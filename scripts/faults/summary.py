@@ -253,6 +253,11 @@ def collect(roots: List[str], replay_dir: Optional[str], tmp: str) -> List[Dict[
                 # Stands only for a job that marks its steps (renumber.py --markers-only).
                 row.setdefault("skipped", []).append("detect")
                 continue
+            if variant == "markers" and ans.get("markers") == "none":
+                # The job marked no steps (job.py --markers none): it stands only for a job
+                # without markers, and its replay with markers would be a second one of those.
+                row.setdefault("skipped", []).append("markers")
+                continue
             rep = load_json(path)
             if isinstance(rep, dict) and "_error" in rep:
                 row["problems"].append(rep["_error"])
@@ -321,7 +326,12 @@ def report(rows: List[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
     out: List[str] = ["# Real-fault suite", ""]
     summary: Dict[str, Any] = {"fixtures": len(rows), "variants": {}}
     for variant, title in (("markers", "with step markers"), ("detect", "without step markers (iterations detected)")):
+        left_out = [r["name"] for r in rows if variant in r.get("skipped", [])]
+        why = ("that stand only for jobs with step markers (their answers' fixture.markers_only)"
+               if variant == "detect" else "of jobs that marked no steps (their answers' markers: none)")
         if not any(variant in r["results"] for r in rows):
+            if left_out:
+                out += [f"Left out ({title}): all {len(left_out)} fixtures, {why}", ""]
             continue
         lines, bars = table(rows, variant)
         out += [f"## Faults, {title}", ""] + lines + [""]
@@ -354,10 +364,8 @@ def report(rows: List[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
                 f"of those whose steps kept their pace {pct(b['paced_healthy_without_violations'])}); "
                 f"healthy fixtures on which the shadow healer took no action {pct(b['healthy_without_shadow_actions'])} (bar 100%); "
                 f"iterations within 1% of the true steps {pct(b['iterations_within_1pct'])}; largest iteration utilisation {b['max_util_pct']}% (bar 100%)", ""]
-        left_out = [r["name"] for r in rows if variant in r.get("skipped", [])]
         if left_out:
-            out += [f"Left out ({title}): {len(left_out)} fixtures that stand only for jobs with step markers "
-                    f"(their answers' fixture.markers_only): {', '.join(left_out)}", ""]
+            out += [f"Left out ({title}): {len(left_out)} fixtures {why}: {', '.join(left_out)}", ""]
         if hv:
             acts = dict(sh)
             out += [f"Healthy ({title}): " + ", ".join(
@@ -432,6 +440,12 @@ def _self_test() -> int:
         text, summ = report(rows)
         checks.append(("| extra_kernel | eager | 1 | 1/1 | 1/1 |" in text, "table row"))
         checks.append((summ["variants"]["markers"]["top1"] == [1, 1], "bars"))
+        # A job that marked no steps counts only without markers.
+        json.dump(dict(ans, markers="none"), open(os.path.join(d, "answer.json"), "w"))
+        json.dump(rep, open(os.path.join(d, "replay-detect.json"), "w"))
+        text, summ = report(collect([os.path.join(tmp, "fx")], None, tmp))
+        checks.append(("markers" not in summ["variants"] and summ["variants"]["detect"]["top1"] == [1, 1]
+                       and "of jobs that marked no steps" in text, "markers: none"))
     bad = [why for ok, why in checks if not ok]
     for why in bad:
         print(f"self-test FAILED: {why}", file=sys.stderr)
