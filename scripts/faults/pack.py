@@ -7,8 +7,9 @@ For every answer job.py wrote (``answers.jsonl``), one fixture folder:
                      (onset - 12 s) .. (end + 6 s) for a fault, onset .. end for a healthy segment
   <pid>.host.jsonl   the host-sample sidecar next to the recording, trimmed the same way (if any)
   answer.json        the answer plus ``fixture``: from_ns, to_ns, files, trimmed_by, true_steps
-                     (step markers begun in the window), warmup_steps
-  steps.json         those steps: [step, begin_ns, end_ns, warmup]
+                     (the job's steps begun in the window), warmup_steps
+  steps.json         those steps: [step, begin_ns, end_ns, warmup, host_wait_ns] (the last: the
+                     main thread waiting for its batch and the loss read-back)
 
 Trimming uses ``slo-probe recording trim IN OUT --from NS --to NS`` when ``slo-probe recording
 --help`` works; otherwise this script's own cut (every string and graph-node record kept, timed
@@ -198,7 +199,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         fx["warmup_steps"] = sum(1 for s in rows if s[3])
         fx["true_steps_in_fault"] = sum(1 for s in rows if int(ans["onset_ns"]) <= s[1] < int(ans["end_ns"]))
         with open(os.path.join(d, "steps.json"), "w") as f:
-            json.dump({"fields": ["step", "begin_ns", "end_ns", "warmup"], "steps": [s[:4] for s in rows]}, f)
+            # host_wait_ns: the main thread's wait for its batch (and the loss's read-back every
+            # --log-every steps), so that a loader-bound step can be told from a launch-bound one.
+            json.dump({"fields": ["step", "begin_ns", "end_ns", "warmup", "host_wait_ns"],
+                       "steps": [s[:4] + s[5:6] for s in rows]}, f)
         src = os.path.join(a.rec, f"{pid}.bin")
         side = os.path.join(a.rec, f"{pid}.host.jsonl")
         dst = os.path.join(d, f"{pid}.bin")
