@@ -347,8 +347,8 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
          more than 1%: {}",
         live_missed.join(", ")
     );
-    // Top-1 without markers is under the 90% bar since B-45 (31/35 with A-52..A-56): the
-    // misses main has and no other. A-04 and A-09 (low occupancy inside CUDA graphs, H200
+    // Top-1 without markers is under the 90% bar since B-45 (35/39 with A-52..A-66, 89.7%):
+    // the misses main has and no other. A-04 and A-09 (low occupancy inside CUDA graphs, H200
     // recordings from before the capture-time launch configurations: `graph#26`; A-55, the
     // same fault recorded with them, is named right); B-25 and B-45 (the convnet under
     // reduce-overhead in a throttled cgroup, H100 and H200): named `(data loading)` ← throttling,
