@@ -15,8 +15,9 @@ PyTorch names its own) that copies each batch into one of a ring of pinned buffe
 host -> device by the main thread with ``non_blocking=True``. Every iteration is marked with
 ``slo_probe.step()`` (the lead replays the recording with markers ignored for the "without
 markers" case; ``--markers none`` marks none, so that the shim traces the job as it would one
-that sends no markers, and the answers say ``"markers": "none"``), the host->device copy is ``slo_probe.op("data_to_device")`` and the optimizer
-``slo_probe.op("optimizer")``; in eager mode ``slo_probe.instrument(model)`` names every module.
+that sends no markers, and the answers say ``"markers": "none"``), the host->device copy is
+``slo_probe.op("data_to_device")`` and the optimizer ``slo_probe.op("optimizer")``; in eager
+mode ``slo_probe.instrument(model)`` names every module.
 
 Modes: ``eager``; ``compile`` (``torch.compile``); ``reduce-overhead`` (``torch.compile(mode=
 "reduce-overhead")``: CUDA graphs, the optimizer outside them). Sizes: ``launch`` (a small batch:
