@@ -16,14 +16,14 @@ Trimming uses ``slo-probe recording trim IN OUT --from NS --to NS`` when ``slo-p
 records -- kernels, graphs, memory, events, steps -- kept when their timestamp is in the window),
 said so in ``fixture.trimmed_by``.
 
-Everything goes into ``faults-<part>.tar.gz`` (and -2, -3... with ``--tars N``) of at most
-``--max-mib`` each: when the fixtures do not fit, the largest healthy fixtures are dropped first,
-then the largest fault fixtures, each listed in ``index.json`` with why (their answers stay). The
-first archive also holds answers.json (every answer: done, skipped, failed), index.json and the
-job summaries.
+Everything goes into ``faults-<part>.tar.gz`` (and -2, -3 as the fixtures need, up to 3; ``--tars
+N`` sets the number) of at most ``--max-mib`` each: when the fixtures do not fit, the largest
+healthy fixtures are dropped first, then the largest fault fixtures, each listed in
+``index.json`` with why (their answers stay). The first archive also holds answers.json (every
+answer: done, skipped, failed), index.json and the job summaries.
 
   python3 scripts/faults/pack.py --part A --work /tmp/faults-work --rec /tmp/rec \\
-      --bin target/release/slo-probe --out $OUT [--max-mib 15] [--tars 1]
+      --bin target/release/slo-probe --out $OUT [--max-mib 15] [--tars 0]
 
 Only the Python standard library.
 """
@@ -43,6 +43,10 @@ import tarfile
 import time
 import zlib
 from typing import Any, Dict, List, Optional, Tuple
+
+# Archives --tars 0 makes at most: scripts/gpu-faults writes five other files, and the device
+# tool returns eight a call.
+AUTO_TARS = 3
 
 PAD_BEFORE_NS = 12_000_000_000
 PAD_AFTER_NS = 6_000_000_000
@@ -164,7 +168,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--bin", default="target/release/slo-probe")
     p.add_argument("--out", required=True)
     p.add_argument("--max-mib", type=float, default=15.0)
-    p.add_argument("--tars", type=int, default=1)
+    p.add_argument("--tars", type=int, default=0,
+                   help=f"archives at most (0, the default: as many as the fixtures need, up to {AUTO_TARS})")
     p.add_argument("--extra", action="append", default=[], help="more files for the first archive")
     a = p.parse_args(argv)
 
@@ -245,8 +250,11 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     # fit: drop the largest healthy fixtures first, then the largest fault fixtures
     limit = int(a.max_mib * 2**20)
-    tars = max(1, a.tars)
     meta_reserve = min(512 << 10, limit // 8)
+    # --tars 0: as many archives as the fixtures need (10% slack for the packing), up to
+    # AUTO_TARS; one archive dropped the healthy runs of a held recording (2026-12-07).
+    need = -(-sum(f["gz_bytes"] for f in fixtures) * 11 // (10 * (limit - meta_reserve)))
+    tars = a.tars if a.tars > 0 else min(AUTO_TARS, max(1, need))
     budget = tars * (limit - meta_reserve)
     dropped: List[Dict[str, Any]] = []
     kept = list(fixtures)
