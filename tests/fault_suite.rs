@@ -1,7 +1,8 @@
 //! The real-fault suite replayed (issue 12): every fixture recorded on the H200 (the
 //! `*-h100` archives on an H100, 2026-12-06, `faults-A-ro-h100-2` 2026-12-07; the
 //! `*-eager-drain-h100` ones with the shim's drained switching, which only jobs with step
-//! markers get: left out of the replays without markers) by `scripts/gpu-faults`
+//! markers get: left out of the replays without markers; `faults-A-eager-nomarkers-h100`,
+//! 2026-12-07, of jobs that sent no markers: judged only without them) by `scripts/gpu-faults`
 //! (tests/fixtures/faults/faults-*.tar.gz: one trimmed recording per
 //! injected fault or healthy run, its host samples, and the answer the job wrote at the
 //! fault's CLOCK_MONOTONIC onset) goes through `slo-probe replay` as the agent ran it, with the

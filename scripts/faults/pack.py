@@ -253,12 +253,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     meta_reserve = min(512 << 10, limit // 8)
     # --tars 0: as many archives as the fixtures need (10% slack for the packing), up to
     # AUTO_TARS; one archive dropped the healthy runs of a held recording (2026-12-07).
-    need = -(-sum(f["gz_bytes"] for f in fixtures) * 11 // (10 * (limit - meta_reserve)))
+    total = sum(f["gz_bytes"] for f in fixtures)
+    need = -(-total * 11 // (10 * (limit - meta_reserve)))
     tars = a.tars if a.tars > 0 else min(AUTO_TARS, max(1, need))
     budget = tars * (limit - meta_reserve)
     dropped: List[Dict[str, Any]] = []
     kept = list(fixtures)
-    total = sum(f["gz_bytes"] for f in kept)
     for healthy_first in (True, False):
         cands = sorted([f for f in kept if (f["answer"]["kind"] == "healthy") == healthy_first], key=lambda f: -f["gz_bytes"])
         for f in cands:
