@@ -1418,12 +1418,23 @@ class Job:
                 best = min(best, time.thread_time() - t0)
             return best * 1e3
 
+        # The work's cost per unit must stand above the batch's own timing noise (a few ms on a
+        # 30-80 ms convnet batch): with 8 units it did not, once (2026-12-07, H100), and a slope of
+        # ~0 gave a work of 100000 units -- batches of minutes, a job that never stepped again. So
+        # the second timing moves out until its difference is clear, and the result is checked.
         t_lo, t_hi = t_batch(lo), t_batch(hi)
-        slope = max(1e-4, (t_hi - t_lo) / (hi - lo))
+        while t_hi - t_lo < max(5.0, 0.2 * t_lo) and hi < 1024:
+            hi *= 4
+            t_hi = t_batch(hi)
+        slope = max(1e-3, (t_hi - t_lo) / (hi - lo))
         base = max(0.0, t_lo - slope * lo)
         target_ms = min(a.loader_util * W * step_ms, 250.0 * W)
-        k = int(round((target_ms - base) / slope))
-        k = max(1 if a.model == "gpt" else 0, min(k, 100000))
+        k_min = 1 if a.model == "gpt" else 0
+        k = max(k_min, min(int(round((target_ms - base) / slope)), 16 * hi))
+        if k > k_min:
+            t_k = t_batch(k)
+            if t_k > 1.25 * target_ms and t_k > base:
+                k = max(k_min, int(k * max(0.0, target_ms - base) / (t_k - base)))
         self.stats.work.value = k
         note = ""
         if base > target_ms:
