@@ -533,6 +533,9 @@ pub fn attribute(baseline: &Profile, now: &Profile) -> Option<Attribution> {
         .first()
         .map(|c| host_causes(c.dimension, c.delta_ns, baseline, now))
         .unwrap_or_default();
+    if stalled_launcher_not_operator(&mut causes, &host) {
+        host = host_causes(Dimension::LaunchLatency, causes[0].delta_ns, baseline, now);
+    }
     // After the host causes, which are judged against what the traced iterations' records show.
     if let Some(c) = causes.first_mut().filter(|c| c.op == LAUNCHES_OP) {
         add_untraced_growth(c, baseline, now);
@@ -925,6 +928,79 @@ fn late_launch_not_loading(
     {
         *host = launch_host;
     }
+}
+
+/// A job stalled as a whole (its cgroup throttled) delays every launch after the stall, and the
+/// GPU idles wherever its queue first runs dry: where it ran shallowest before, before an
+/// operator the GPU already waited for, not because of anything that operator does. Where the
+/// top cause is one operator's launch latency and the throttling, at least as long per
+/// iteration, is its host cause, the launch gaps grown before every operator are the launches'
+/// ([`LAUNCHES_OP`]). The main threads' run-queue wait alone is not taken as such a stall: a host
+/// synchronisation in one module grows it too (the thread sleeps in the sync and waits to run
+/// again), and there the operator is the answer (A-05, A-36 of the suite). On an H100
+/// (2026-12-07, `faults-B-compile-nomarkers-h100`, B-66) the convnet under `torch.compile` in a
+/// throttled cgroup, without step markers: 36 of its ~60 ms of grown idle came before
+/// `_native_batch_norm_legit_functional`, which had 6.6 ms before it already, while the cgroup
+/// was throttled 239 ms per iteration. Returns whether it moved anything.
+fn stalled_launcher_not_operator(causes: &mut Vec<Cause>, host: &[HostCause]) -> bool {
+    let Some(top) = causes.first() else {
+        return false;
+    };
+    if top.dimension != Dimension::LaunchLatency
+        || top.op == LAUNCHES_OP
+        || top.op == DATA_LOADING_OP
+    {
+        return false;
+    }
+    let stall = host
+        .iter()
+        .filter(|h| h.node == "host.throttling")
+        .map(|h| h.delta)
+        .fold(0.0, f64::max);
+    if stall < top.delta_ns {
+        return false;
+    }
+    let (mut moved, mut ops) = (0.0, 0);
+    for c in causes
+        .iter_mut()
+        .filter(|c| c.dimension == Dimension::LaunchLatency && c.op != LAUNCHES_OP)
+        .filter(|c| c.op != DATA_LOADING_OP)
+    {
+        let grown = (c.gap_ns.1 - c.gap_ns.0).max(0.0).min(c.delta_ns.max(0.0));
+        c.delta_ns -= grown;
+        moved += grown;
+        ops += 1;
+    }
+    let detail = format!(
+        "GPU idle between kernels grew before {ops} operators while the job was throttled \
+         ({} of it before {}, where the queue ran dry)",
+        ms(top_gap_growth(causes)),
+        causes[0].op
+    );
+    match causes.iter_mut().find(|c| c.op == LAUNCHES_OP) {
+        Some(l) => {
+            l.delta_ns += moved;
+            l.detail = format!("{}; {detail}", l.detail);
+        }
+        None => causes.push(Cause {
+            op: LAUNCHES_OP.to_owned(),
+            dimension: Dimension::LaunchLatency,
+            delta_ns: moved,
+            gpu_ns: (0.0, 0.0),
+            gap_ns: (0.0, moved),
+            detail,
+        }),
+    }
+    rank(causes);
+    causes.retain(|c| c.delta_ns > 0.0);
+    true
+}
+
+/// The grown launch gap of the first cause (before the launches took it).
+fn top_gap_growth(causes: &[Cause]) -> f64 {
+    causes
+        .first()
+        .map_or(0.0, |c| (c.gap_ns.1 - c.gap_ns.0).max(0.0))
 }
 
 /// The other way round: a job whose CPU runs ahead of the GPU hides its launch gaps behind the
@@ -1709,6 +1785,53 @@ mod tests {
             "{:?}",
             a.host
         );
+    }
+
+    /// A throttled job's GPU idles where its queue runs dry, mostly before one operator: the
+    /// launches' cause all the same. A host sync in one module (the main threads' run-queue wait
+    /// grown with it, no throttling) keeps its operator.
+    #[test]
+    fn a_throttled_jobs_idle_before_one_operator_is_the_launches() {
+        let ops = |a_gap: u64, b_gap: u64| {
+            vec![
+                ("a", C, 1_000_000u64, a_gap, 1.0),
+                ("b", C, 1_000_000, b_gap, 1.0),
+                ("c", C, 1_000_000, 100_000, 1.0),
+            ]
+        };
+        let base = profile(100, &ops(1_000_000, 100_000), 0);
+        // 6 ms more idle before `a` (where the queue ran dry), 1 ms more before `b`.
+        let mut now = profile(100, &ops(7_000_000, 1_100_000), 0);
+        now.host.throttled_ns = 40_000_000 * now.iterations;
+        let a = attribute(&base, &now).expect("a");
+        let top = a.causes[0].clone();
+        assert_eq!(
+            (top.op.as_str(), top.dimension),
+            (LAUNCHES_OP, Dimension::LaunchLatency),
+            "{:?}",
+            a.causes
+        );
+        assert!((top.delta_ns - 7_000_000.0).abs() < 1.0, "{top:?}");
+        assert!(
+            top.detail.contains("before a, where the queue ran dry"),
+            "{}",
+            top.detail
+        );
+        assert!(
+            a.causes.iter().all(|c| c.op != "a" && c.op != "b"),
+            "{:?}",
+            a.causes
+        );
+        assert_eq!(a.host[0].node, "host.throttling");
+        // The same idle with the main threads' wait grown instead: the operator stays.
+        let mut synced = profile(100, &ops(7_000_000, 1_100_000), 0);
+        set_runq(&mut synced, Role::Main, 40_000_000);
+        let a = attribute(&base, &synced).expect("a");
+        assert_eq!(a.causes[0].op, "a", "{:?}", a.causes);
+        // Throttled for less than the operator's idle grew: not the stall's doing alone.
+        now.host.throttled_ns = 2_000_000 * now.iterations;
+        let a = attribute(&base, &now).expect("a");
+        assert_eq!(a.causes[0].op, "a", "{:?}", a.causes);
     }
 
     /// A late batch drains the queue a CPU running ahead had built: the GPU then waits for
