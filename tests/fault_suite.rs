@@ -24,6 +24,11 @@ use std::{path::Path, process::Command};
 use slo_probe::{cli::replay, config::Config};
 use slo_probe_core::slo::Violation;
 
+/// Whether every name in `names` is one of the `known` fixtures (by its number prefix).
+fn only_known(names: &[String], known: &[&str]) -> bool {
+    names.iter().all(|n| known.iter().any(|k| n.starts_with(k)))
+}
+
 fn fixtures() -> Vec<std::path::PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/faults");
     let mut v: Vec<_> = std::fs::read_dir(&dir)
@@ -365,9 +370,7 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
     // reduce-overhead with three loader workers, drift with their loader).
     const DETECT_MISSES: [&str; 4] = ["A-04-", "A-09-", "B-25-", "B-45-"];
     assert!(
-        detect_missed
-            .iter()
-            .all(|n| DETECT_MISSES.iter().any(|k| n.starts_with(k)))
+        only_known(&detect_missed, &DETECT_MISSES)
             && detect_top1 * 10 >= detect_faults * 9
             && detect_quiet >= 20,
         "without markers, top-1 {detect_top1}/{detect_faults} (bar 90%; missed {}, main misses \
@@ -385,12 +388,7 @@ fn every_real_fault_replays_with_its_iterations_and_opens_a_violation() {
     const UNSUMMED: [&str; 1] = ["B-38-"];
     const DETECT_UNSUMMED: [&str; 1] = ["B-63-"];
     assert!(
-        unsummed
-            .iter()
-            .all(|n| UNSUMMED.iter().any(|k| n.starts_with(k)))
-            && detect_unsummed
-                .iter()
-                .all(|n| DETECT_UNSUMMED.iter().any(|k| n.starts_with(k))),
+        only_known(&unsummed, &UNSUMMED) && only_known(&detect_unsummed, &DETECT_UNSUMMED),
         "causes adding up to the change over their windows: {summed}/{faults} with markers \
          (not: {}; main misses only {UNSUMMED:?}), {detect_summed}/{detect_faults} without \
          (not: {}; main misses only {DETECT_UNSUMMED:?})",

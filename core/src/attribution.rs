@@ -909,19 +909,7 @@ fn late_launch_not_loading(
             ms(main_waited)
         )
     };
-    match causes.iter_mut().find(|c| c.op == LAUNCHES_OP) {
-        Some(l) => {
-            l.delta_ns += idle.delta_ns;
-            l.detail = format!("{}; {detail}", l.detail);
-        }
-        None => causes.push(Cause {
-            op: LAUNCHES_OP.to_owned(),
-            dimension: Dimension::LaunchLatency,
-            detail,
-            ..idle
-        }),
-    }
-    rank(causes);
+    into_launches(causes, idle.delta_ns, idle.gpu_ns, idle.gap_ns, detail);
     if causes
         .first()
         .is_some_and(|c| c.dimension == Dimension::LaunchLatency)
@@ -946,10 +934,7 @@ fn stalled_launcher_not_operator(causes: &mut Vec<Cause>, host: &[HostCause]) ->
     let Some(top) = causes.first() else {
         return false;
     };
-    if top.dimension != Dimension::LaunchLatency
-        || top.op == LAUNCHES_OP
-        || top.op == DATA_LOADING_OP
-    {
+    if top.dimension != Dimension::LaunchLatency || top.op == LAUNCHES_OP {
         return false;
     }
     let stall = host
@@ -960,11 +945,11 @@ fn stalled_launcher_not_operator(causes: &mut Vec<Cause>, host: &[HostCause]) ->
     if stall < top.delta_ns {
         return false;
     }
+    let (top_grown, top_op) = ((top.gap_ns.1 - top.gap_ns.0).max(0.0), top.op.clone());
     let (mut moved, mut ops) = (0.0, 0);
     for c in causes
         .iter_mut()
         .filter(|c| c.dimension == Dimension::LaunchLatency && c.op != LAUNCHES_OP)
-        .filter(|c| c.op != DATA_LOADING_OP)
     {
         let grown = (c.gap_ns.1 - c.gap_ns.0).max(0.0).min(c.delta_ns.max(0.0));
         c.delta_ns -= grown;
@@ -973,34 +958,38 @@ fn stalled_launcher_not_operator(causes: &mut Vec<Cause>, host: &[HostCause]) ->
     }
     let detail = format!(
         "GPU idle between kernels grew before {ops} operators while the job was throttled \
-         ({} of it before {}, where the queue ran dry)",
-        ms(top_gap_growth(causes)),
-        causes[0].op
+         ({} of it before {top_op}, where the queue ran dry)",
+        ms(top_grown)
     );
+    into_launches(causes, moved, (0.0, 0.0), (0.0, moved), detail);
+    causes.retain(|c| c.delta_ns > 0.0);
+    true
+}
+
+/// Adds `delta_ns` of grown idle to [`LAUNCHES_OP`] (its detail after the cause's own where it
+/// is there already, else a new cause with these GPU and gap times), and ranks the causes again.
+fn into_launches(
+    causes: &mut Vec<Cause>,
+    delta_ns: f64,
+    gpu_ns: (f64, f64),
+    gap_ns: (f64, f64),
+    detail: String,
+) {
     match causes.iter_mut().find(|c| c.op == LAUNCHES_OP) {
         Some(l) => {
-            l.delta_ns += moved;
+            l.delta_ns += delta_ns;
             l.detail = format!("{}; {detail}", l.detail);
         }
         None => causes.push(Cause {
             op: LAUNCHES_OP.to_owned(),
             dimension: Dimension::LaunchLatency,
-            delta_ns: moved,
-            gpu_ns: (0.0, 0.0),
-            gap_ns: (0.0, moved),
+            delta_ns,
+            gpu_ns,
+            gap_ns,
             detail,
         }),
     }
     rank(causes);
-    causes.retain(|c| c.delta_ns > 0.0);
-    true
-}
-
-/// The grown launch gap of the first cause (before the launches took it).
-fn top_gap_growth(causes: &[Cause]) -> f64 {
-    causes
-        .first()
-        .map_or(0.0, |c| (c.gap_ns.1 - c.gap_ns.0).max(0.0))
 }
 
 /// The other way round: a job whose CPU runs ahead of the GPU hides its launch gaps behind the
